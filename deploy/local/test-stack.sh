@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Provisions Kafka and PostgreSQL for the test suite, runs pytest, and tears down what it started.
+#
+#   deploy/local/test-stack.sh [pytest args...]
+#
+# - KAFKA_BOOTSTRAP_SERVERS set: use that broker, start none. Otherwise start deploy/local/kafka.sh.
+# - DATABASE_URL set: use that database, start none. Otherwise start deploy/local/postgres.sh.
+# Both are exported to pytest. Whatever this script started is stopped on exit, on failure and on
+# Ctrl-C/SIGTERM (trap). Exit status is pytest's (5 = no tests collected), or 1 if provisioning failed.
+#
+# GPUQUOTA_TIMINGS_FILE (optional): file that receives "provision_s=", "tests_s=", "pytest_rc=" lines.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+PYTEST="${PYTEST:-$ROOT/.venv/bin/pytest}"
+STACK_DIR="$ROOT/.cache/test-stack"
+export KAFKA_RUN_DIR="$STACK_DIR/kafka"
+export PG_RUN_DIR="$STACK_DIR/postgres"
+TIMINGS="${GPUQUOTA_TIMINGS_FILE:-/dev/null}"
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+started_kafka=0
+started_pg=0
+pg_job=""
+cleaned=0
+cleanup() {
+  local rc=$?
+  [ "$cleaned" = 1 ] && return
+  cleaned=1
+  trap '' INT TERM # finish tearing down even on a second Ctrl-C
+  if [ -n "$pg_job" ]; then wait "$pg_job" 2>/dev/null || true; fi
+  local t0
+  t0="$(now)"
+  if [ "$started_kafka" = 1 ]; then bash deploy/local/kafka.sh stop || true; fi
+  if [ "$started_pg" = 1 ]; then bash deploy/local/postgres.sh stop || true; fi
+  if [ "$started_kafka" = 1 ] || [ "$started_pg" = 1 ]; then
+    echo "test-stack: teardown took $(elapsed "$t0")s"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+t_prov="$(now)"
+if [ -z "${DATABASE_URL:-}" ]; then
+  started_pg=1
+  # start PostgreSQL in the background while the JVM starts
+  bash deploy/local/postgres.sh start &
+  pg_job=$!
+else
+  echo "test-stack: using DATABASE_URL from the environment"
+fi
+if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
+  started_kafka=1
+  bash deploy/local/kafka.sh start
+  KAFKA_BOOTSTRAP_SERVERS="$(cat "$KAFKA_RUN_DIR/bootstrap")"
+else
+  echo "test-stack: using KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS from the environment"
+fi
+if [ -n "$pg_job" ]; then
+  job="$pg_job"
+  pg_job=""
+  wait "$job" || { echo "test-stack: PostgreSQL failed to start" >&2; exit 1; }
+  DATABASE_URL="$(cat "$PG_RUN_DIR/url")"
+fi
+export KAFKA_BOOTSTRAP_SERVERS DATABASE_URL
+provision_s="$(elapsed "$t_prov")"
+echo "test-stack: provisioning took ${provision_s}s (KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS)"
+echo "provision_s=$provision_s" >>"$TIMINGS"
+
+t_tests="$(now)"
+set +e
+"$PYTEST" "$@"
+pytest_rc=$?
+set -e
+tests_s="$(elapsed "$t_tests")"
+echo "test-stack: pytest exited $pytest_rc after ${tests_s}s"
+printf 'tests_s=%s\npytest_rc=%s\n' "$tests_s" "$pytest_rc" >>"$TIMINGS"
+exit "$pytest_rc"

@@ -1,0 +1,1 @@
+"""I/O adapters (PostgreSQL, Kafka, ...) around the pure scheduling core."""

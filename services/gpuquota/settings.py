@@ -1,0 +1,188 @@
+"""Typed settings of the gpuquota services, read from an explicit list of environment variables.
+
+Every field ``foo`` of a settings class is read from ``GPUQUOTA_FOO``; nothing else is read.
+``<Class>.ENV_VARS`` is the set of variables a class reads and ``<Class>.REQUIRED_ENV_VARS`` the
+ones without a default. ``from_env`` fails fast with :class:`SettingsError`, whose message names
+every offending variable.
+
+=============================  ======================================================  =========
+variable                       meaning                                                 services
+=============================  ======================================================  =========
+GPUQUOTA_KAFKA                 Kafka bootstrap servers, ``host:port[,host:port...]``    all
+GPUQUOTA_LOG_LEVEL             DEBUG, INFO, WARNING or ERROR (default INFO)             all
+GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db``                  gateway, scheduler
+GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
+GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
+GPUQUOTA_POOL                  GPU pool name (default ``default``)                      scheduler, node-agent
+GPUQUOTA_NODES                 static inventory ``node-1:8,node-2:4`` (id:gpus, opt.)   scheduler
+GPUQUOTA_PREEMPTION_GRACE      seconds between SIGTERM and SIGKILL on preemption (30)   scheduler, node-agent
+GPUQUOTA_HEARTBEAT_SECONDS     node heartbeat period in seconds (default 5)             scheduler, node-agent
+GPUQUOTA_DATA_DIR              local state directory (default ``.gpuquota``)            scheduler, node-agent
+GPUQUOTA_NODE_ID               this node's id (required)                                node-agent
+GPUQUOTA_GPUS                  number of GPUs this node offers (default 1)              node-agent
+GPUQUOTA_RUNTIME               how jobs run: ``subprocess`` or ``fake`` (default        node-agent
+                               ``subprocess``)
+=============================  ======================================================  =========
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "GPUQUOTA_"
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+#: fields whose values never appear in error messages (may contain passwords)
+_SECRET_FIELDS = frozenset({"database_url"})
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+Name = Annotated[str, Field(pattern=_NAME.pattern)]
+
+
+class SettingsError(ValueError):
+    """Raised by ``from_env`` for missing or invalid variables; the message names them."""
+
+    def __init__(self, problems: Mapping[str, str]) -> None:
+        self.problems = dict(problems)
+        super().__init__("; ".join(f"{key}: {msg}" for key, msg in self.problems.items()))
+
+
+def env_var(field_name: str) -> str:
+    """The environment variable that holds a settings field."""
+    return ENV_PREFIX + field_name.upper()
+
+
+class NodeSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    node_id: Name
+    gpus: Annotated[int, Field(ge=1, le=1024)]
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ENV_VARS: ClassVar[frozenset[str]] = frozenset()
+    REQUIRED_ENV_VARS: ClassVar[frozenset[str]] = frozenset()
+
+    kafka: str
+    log_level: LogLevel = "INFO"
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.ENV_VARS = frozenset(env_var(name) for name in cls.model_fields)
+        cls.REQUIRED_ENV_VARS = frozenset(
+            env_var(name) for name, info in cls.model_fields.items() if info.is_required()
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        """Builds the settings from ``environ`` (e.g. ``os.environ``); ignores unrelated variables."""
+        raw = {name: environ[env_var(name)] for name in cls.model_fields if env_var(name) in environ}
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems: dict[str, str] = {}
+            for err in exc.errors():
+                field = str(err["loc"][0]) if err["loc"] else ""
+                key = env_var(field) if field in cls.model_fields else cls.__name__
+                msg = "is required" if err["type"] == "missing" else err["msg"]
+                if field in raw and field not in _SECRET_FIELDS and err["type"] != "missing":
+                    msg = f"{msg} (got {raw[field]!r})"
+                problems.setdefault(key, msg)
+            raise SettingsError(problems) from None
+
+    @field_validator("kafka")
+    @classmethod
+    def _check_kafka(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",")]
+        if not servers or not all(_HOST_PORT.match(s) for s in servers):
+            raise ValueError("expected host:port[,host:port...]")
+        return ",".join(servers)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+class _DatabaseSettings(_Settings):
+    database_url: str
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        if not re.match(r"^postgres(ql)?://[^/\s]+/[^/\s]+$", value):
+            raise ValueError("expected postgresql://user:password@host:port/database")
+        return value
+
+
+class GatewaySettings(_DatabaseSettings):
+    """``gpuquota gateway``: HTTP API in front of the scheduler.
+
+    Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_LOG_LEVEL.
+    """
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8080
+
+
+class SchedulerSettings(_DatabaseSettings):
+    """``gpuquota scheduler``: consumes inputs, decides placements and preemptions.
+
+    Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_POOL, GPUQUOTA_NODES,
+    GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR, GPUQUOTA_LOG_LEVEL.
+    """
+
+    pool: Name = "default"
+    nodes: tuple[NodeSpec, ...] = ()
+    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
+    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    data_dir: Path = Path(".gpuquota")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _parse_nodes(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        specs: list[dict[str, str]] = []
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            node_id, sep, gpus = item.partition(":")
+            if not sep:
+                raise ValueError(f"expected node_id:gpus, got {item!r}")
+            specs.append({"node_id": node_id, "gpus": gpus})
+        ids = [s["node_id"] for s in specs]
+        if len(ids) != len(set(ids)):
+            raise ValueError("duplicate node id")
+        return specs
+
+
+class NodeAgentSettings(_Settings):
+    """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
+
+    Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_RUNTIME,
+    GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR, GPUQUOTA_LOG_LEVEL.
+    """
+
+    node_id: Name
+    pool: Name = "default"
+    gpus: Annotated[int, Field(ge=1, le=1024)] = 1
+    runtime: Literal["subprocess", "fake"] = "subprocess"
+    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
+    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    data_dir: Path = Path(".gpuquota")
+
+
+#: settings class per service command (``gpuquota <command>``)
+SERVICE_SETTINGS: Mapping[str, type[_Settings]] = {
+    "gateway": GatewaySettings,
+    "scheduler": SchedulerSettings,
+    "node-agent": NodeAgentSettings,
+}

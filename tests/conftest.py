@@ -1,0 +1,137 @@
+"""Session fixtures for the external services the integration tests need.
+
+``kafka_bootstrap`` and ``database_url`` find a service in this order:
+
+1. the environment: ``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL`` (what ``make test`` exports);
+2. testcontainers, only when a Docker daemon answers ``docker.from_env().ping()``;
+3. the local launchers ``deploy/local/kafka.sh`` / ``deploy/local/postgres.sh`` (Kafka from Maven
+   jars, PostgreSQL from Debian's package), started for this session and stopped at its end.
+
+If none works, the test is skipped, except when ``CI`` is set: then it fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHERS = ROOT / "deploy" / "local"
+
+KAFKA_IMAGE = os.environ.get("GPUQUOTA_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.6.0")
+POSTGRES_IMAGE = os.environ.get("GPUQUOTA_TEST_POSTGRES_IMAGE", "postgres:16")
+
+
+@functools.cache
+def docker_available() -> bool:
+    """True if a Docker *daemon* answers (the CLI alone is not enough)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if not host and not Path("/var/run/docker.sock").exists():
+        return False
+    # docker-py leaks the socket of a failed connect; drop that ResourceWarning here instead of
+    # letting it surface (as an error, filterwarnings=error) in whichever test runs the next GC.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            import docker
+
+            client = docker.from_env(timeout=5)
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except Exception:
+            return False
+        finally:
+            gc.collect()
+
+
+def unavailable(what: str, var: str, reason: str) -> NoReturn:
+    msg = f"no {what}: {reason}. Set {var}, run a Docker daemon, or fix deploy/local (see docs/testing.md)"
+    if os.environ.get("CI"):
+        pytest.fail(msg, pytrace=False)  # integration tests never silently skip in CI
+    pytest.skip(msg)
+
+
+class LauncherError(RuntimeError):
+    pass
+
+
+class LocalService:
+    """Runs ``deploy/local/<script> start|stop`` with a private run directory."""
+
+    def __init__(self, script: str, run_dir_var: str, result_file: str) -> None:
+        self.script = str(LAUNCHERS / script)
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"gpuquota-{Path(script).stem}-run."))
+        self.result_file = self.run_dir / result_file
+        self.env = {**os.environ, run_dir_var: str(self.run_dir), "KAFKA_PYTHON": sys.executable}
+        self.env.pop("DATABASE_URL", None)
+
+    def start(self) -> str:
+        proc = subprocess.run(
+            ["bash", self.script, "start"], env=self.env, capture_output=True, text=True, timeout=600
+        )
+        # the "ready ... in N.Ns" line; visible with -s or in the captured setup output on failure
+        sys.stderr.write(proc.stderr + proc.stdout)
+        if proc.returncode != 0 or not self.result_file.is_file():
+            tail = "\n".join((proc.stderr + proc.stdout).splitlines()[-30:])
+            raise LauncherError(f"{self.script} start exited {proc.returncode}:\n{tail}")
+        return self.result_file.read_text().strip()
+
+    def stop(self) -> None:
+        try:
+            subprocess.run(["bash", self.script, "stop"], env=self.env, timeout=120, check=False)
+        finally:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _local(script: str, run_dir_var: str, result_file: str, what: str, var: str) -> Iterator[str]:
+    service = LocalService(script, run_dir_var, result_file)
+    try:
+        value = service.start()
+    except (LauncherError, OSError, subprocess.TimeoutExpired) as exc:
+        service.stop()
+        unavailable(what, var, f"local launcher failed: {exc}")
+    try:
+        yield value
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Kafka bootstrap servers, ``host:port[,host:port]``."""
+    if servers := os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield servers
+    elif docker_available():
+        from testcontainers.community.kafka import KafkaContainer
+
+        with KafkaContainer(KAFKA_IMAGE).with_kraft() as kafka:
+            yield str(kafka.get_bootstrap_server())
+    else:
+        yield from _local("kafka.sh", "KAFKA_RUN_DIR", "bootstrap", "Kafka", "KAFKA_BOOTSTRAP_SERVERS")
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A ``postgresql://user:password@host:port/db`` URL usable by asyncpg."""
+    if url := os.environ.get("DATABASE_URL"):
+        yield url
+    elif docker_available():
+        from testcontainers.community.postgres import PostgresContainer
+
+        with PostgresContainer(POSTGRES_IMAGE) as pg:
+            yield str(pg.get_connection_url(driver=None))
+    else:
+        yield from _local("postgres.sh", "PG_RUN_DIR", "url", "PostgreSQL", "DATABASE_URL")
