@@ -1,0 +1,561 @@
+"""``decide(state, input) -> events``: the one entry point of the scheduling core.
+
+Theory of operation
+-------------------
+``decide`` is pure: it opens a trial on the state, handles the input, runs the scheduling pass, and
+rolls the trial back, returning only the events. Each event is applied as soon as it is emitted, so
+the pass sees the input's effect (a new job, freed capacity) and every later decision sees earlier
+ones; replaying the returned events with ``evolve`` reproduces exactly the state the trial reached.
+
+Handlers validate first: a bad input (unknown share, priority out of range, a report for an attempt
+the node does not hold) yields ``InputRejected`` or ``AttemptFenced``, never an exception. Time comes
+only from ``input.occurred_at``; ids derive from ``input.event_id``.
+
+After handling, the pass (``schedule``) runs, except after inputs that provably cannot change a
+decision (a queued job that does not become its share's head, a heartbeat): the pass is a fixpoint, so
+skipping it there is exact, and it keeps the cost per input independent of queue length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpuquota.core.context import Context
+from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
+from gpuquota.core.quota import share_limit
+from gpuquota.core.schedule import schedule
+from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
+from gpuquota.wire import events as ev
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import JobStatus, QuotaShareSpec, State, Strategy
+from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.inputs import SchedulerInput
+
+MAX_SHARES_PER_QUEUE = 20
+Handler = Callable[[Context, Any], bool]
+_HANDLERS: dict[type[Any], Handler] = {}
+
+
+def decide(state: ClusterState, message: SchedulerInput) -> list[SchedulerEvent]:
+    """The events that follow from ``message``; ``state`` is left unchanged."""
+    with state.trial():
+        ctx = Context(state, message.event_id, message.occurred_at)
+        if _HANDLERS[type(message)](ctx, message):
+            schedule(ctx)
+        return ctx.events
+
+
+def handled_input_types() -> frozenset[type[Any]]:
+    return frozenset(_HANDLERS)
+
+
+def _handles(input_type: type[Any]) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        _HANDLERS[input_type] = fn
+        return fn
+
+    return register
+
+
+def reject(ctx: Context, message: SchedulerInput, reason: str, job_id: str | None = None) -> bool:
+    ctx.emit(
+        ev.InputRejected,
+        input_event_id=message.event_id,
+        input_type=message.type,
+        reason=reason,
+        job_id=job_id,
+    )
+    return False
+
+
+# ----- resources -------------------------------------------------------------------------------
+
+
+@_handles(inp.CreateSchedulingPolicy)
+def _create_policy(ctx: Context, m: inp.CreateSchedulingPolicy) -> bool:
+    if m.spec.name in ctx.state.policies:
+        return reject(ctx, m, f"Scheduling policy {m.spec.name} already exists")
+    ctx.emit(ev.SchedulingPolicyChanged, spec=m.spec)
+    return False
+
+
+@_handles(inp.UpdateSchedulingPolicy)
+def _update_policy(ctx: Context, m: inp.UpdateSchedulingPolicy) -> bool:
+    if m.spec.name not in ctx.state.policies:
+        return reject(ctx, m, f"Scheduling policy {m.spec.name} does not exist")
+    ctx.emit(ev.SchedulingPolicyChanged, spec=m.spec)
+    return True
+
+
+@_handles(inp.DeleteSchedulingPolicy)
+def _delete_policy(ctx: Context, m: inp.DeleteSchedulingPolicy) -> bool:
+    spec = ctx.state.policies.get(m.name)
+    if spec is None:
+        return reject(ctx, m, f"Scheduling policy {m.name} does not exist")
+    users = sorted(q.name for q in ctx.state.queues.values() if q.scheduling_policy == m.name)
+    if users:
+        return reject(ctx, m, f"Scheduling policy {m.name} is used by job queue {users[0]}")
+    ctx.emit(ev.SchedulingPolicyChanged, spec=spec, status="DELETED")
+    return False
+
+
+def _duplicate_unit(limits: tuple[Any, ...]) -> str | None:
+    seen: set[str] = set()
+    for cap in limits:
+        if cap.unit in seen:
+            return str(cap.unit)
+        seen.add(cap.unit)
+    return None
+
+
+@_handles(inp.CreateServiceEnvironment)
+def _create_environment(ctx: Context, m: inp.CreateServiceEnvironment) -> bool:
+    if m.spec.name in ctx.state.environments:
+        return reject(ctx, m, f"Service environment {m.spec.name} already exists")
+    if (unit := _duplicate_unit(m.spec.capacity_limits)) is not None:
+        return reject(ctx, m, f"Capacity unit {unit} is listed twice")
+    ctx.emit(ev.ServiceEnvironmentChanged, spec=m.spec)
+    return False
+
+
+@_handles(inp.UpdateServiceEnvironment)
+def _update_environment(ctx: Context, m: inp.UpdateServiceEnvironment) -> bool:
+    old = ctx.state.environments.get(m.spec.name)
+    if old is None:
+        return reject(ctx, m, f"Service environment {m.spec.name} does not exist")
+    if (unit := _duplicate_unit(m.spec.capacity_limits)) is not None:
+        return reject(ctx, m, f"Capacity unit {unit} is listed twice")
+    if old.pool != m.spec.pool:
+        return reject(ctx, m, "The pool of a service environment cannot be changed")
+    ctx.emit(ev.ServiceEnvironmentChanged, spec=m.spec)
+    return True
+
+
+@_handles(inp.DeleteServiceEnvironment)
+def _delete_environment(ctx: Context, m: inp.DeleteServiceEnvironment) -> bool:
+    spec = ctx.state.environments.get(m.name)
+    if spec is None:
+        return reject(ctx, m, f"Service environment {m.name} does not exist")
+    if spec.state is not State.DISABLED:
+        return reject(ctx, m, f"Service environment {m.name} must be DISABLED before it is deleted")
+    users = sorted(q.name for q in ctx.state.queues.values() if q.service_environment == m.name)
+    if users:
+        return reject(ctx, m, f"Service environment {m.name} is attached to job queue {users[0]}")
+    ctx.emit(ev.ServiceEnvironmentChanged, spec=spec, status="DELETED")
+    return False
+
+
+@_handles(inp.CreateJobQueue)
+def _create_queue(ctx: Context, m: inp.CreateJobQueue) -> bool:
+    state, spec = ctx.state, m.spec
+    if spec.name in state.queues:
+        return reject(ctx, m, f"Job queue {spec.name} already exists")
+    if spec.service_environment not in state.environments:
+        return reject(ctx, m, f"Service environment {spec.service_environment} does not exist")
+    if spec.scheduling_policy not in state.policies:
+        return reject(ctx, m, f"Scheduling policy {spec.scheduling_policy} does not exist")
+    taken = [q.name for q in state.queues.values() if q.service_environment == spec.service_environment]
+    if taken:
+        return reject(
+            ctx, m, f"Service environment {spec.service_environment} is already used by job queue {taken[0]}"
+        )
+    ctx.emit(ev.JobQueueChanged, spec=spec)
+    return False
+
+
+@_handles(inp.UpdateJobQueue)
+def _update_queue(ctx: Context, m: inp.UpdateJobQueue) -> bool:
+    state, spec = ctx.state, m.spec
+    old = state.queues.get(spec.name)
+    if old is None:
+        return reject(ctx, m, f"Job queue {spec.name} does not exist")
+    if spec.service_environment != old.service_environment:
+        return reject(ctx, m, "The service environment of a quota-share job queue cannot be changed")
+    if spec.scheduling_policy not in state.policies:
+        return reject(ctx, m, f"Scheduling policy {spec.scheduling_policy} does not exist")
+    ctx.emit(ev.JobQueueChanged, spec=spec)
+    return True
+
+
+@_handles(inp.DeleteJobQueue)
+def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
+    spec = ctx.state.queues.get(m.name)
+    if spec is None:
+        return reject(ctx, m, f"Job queue {m.name} does not exist")
+    if spec.state is not State.DISABLED:
+        return reject(ctx, m, f"Job queue {m.name} must be DISABLED before it is deleted")
+    if ctx.state.shares_of_queue(m.name):
+        return reject(ctx, m, f"Job queue {m.name} still has quota shares; delete them first")
+    ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETED")
+    return False
+
+
+def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
+    if spec.job_queue not in ctx.state.queues:
+        return f"Job queue {spec.job_queue} does not exist"
+    if (unit := _duplicate_unit(spec.capacity_limits)) is not None:
+        return f"Capacity unit {unit} is listed twice"
+    if any(cap.max_capacity < 1 for cap in spec.capacity_limits):
+        return "maxCapacity must be at least 1"
+    if spec.borrow_limit != -1 and spec.strategy is not Strategy.LEND_AND_BORROW:
+        return "borrowLimit can only be set for the LEND_AND_BORROW strategy"
+    return None
+
+
+@_handles(inp.CreateQuotaShare)
+def _create_share(ctx: Context, m: inp.CreateQuotaShare) -> bool:
+    spec = m.spec
+    if (spec.job_queue, spec.name) in ctx.state.shares:
+        return reject(ctx, m, f"Quota share {spec.name} already exists in job queue {spec.job_queue}")
+    if (problem := _share_problem(ctx, spec)) is not None:
+        return reject(ctx, m, problem)
+    if len(ctx.state.shares_of_queue(spec.job_queue)) >= MAX_SHARES_PER_QUEUE:
+        return reject(ctx, m, f"Job queue {spec.job_queue} already has {MAX_SHARES_PER_QUEUE} quota shares")
+    ctx.emit(ev.QuotaShareChanged, spec=spec)
+    return True
+
+
+@_handles(inp.UpdateQuotaShare)
+def _update_share(ctx: Context, m: inp.UpdateQuotaShare) -> bool:
+    share = ctx.state.shares.get((m.spec.job_queue, m.spec.name))
+    if share is None or share.deleting:
+        return reject(ctx, m, f"Quota share {m.spec.name} does not exist in job queue {m.spec.job_queue}")
+    if (problem := _share_problem(ctx, m.spec)) is not None:
+        return reject(ctx, m, problem)
+    ctx.emit(ev.QuotaShareChanged, spec=m.spec)
+    return True
+
+
+@_handles(inp.DeleteQuotaShare)
+def _delete_share(ctx: Context, m: inp.DeleteQuotaShare) -> bool:
+    state = ctx.state
+    share = state.shares.get((m.job_queue, m.name))
+    if share is None or share.deleting:
+        return reject(ctx, m, f"Quota share {m.name} does not exist in job queue {m.job_queue}")
+    if share.spec.state is not State.DISABLED:
+        return reject(ctx, m, f"Quota share {m.name} must be DISABLED before it is deleted")
+    ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETING")
+    reason = f"Quota share {m.name} deleted"
+    for job in sorted(_jobs_of_share(state, share), key=lambda j: j.job_id):
+        if job.dispatched:
+            if job.stop is None or job.stop.cause != "TERMINATED":
+                ctx.emit(
+                    ev.JobStopRequested,
+                    job_id=job.job_id,
+                    attempt_id=job.attempt_id,
+                    cause="SHARE_DELETED",
+                    status_reason=reason,
+                )
+        else:
+            ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=reason, is_terminated=True)
+    _finish_share_deletion(ctx, share)
+    return True
+
+
+def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
+    queued = [state.jobs[key[2]] for key in share.queue]
+    dispatched = [state.jobs[job_id] for ids in share.dispatched.values() for job_id in ids]
+    return queued + dispatched
+
+
+def _finish_share_deletion(ctx: Context, share: ShareRecord) -> None:
+    if share.deleting and not share.queue and not any(share.dispatched.values()):
+        ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETED")
+
+
+# ----- jobs ------------------------------------------------------------------------------------
+
+
+def _submission_problem(state: ClusterState, m: inp.SubmitJob) -> str | None:
+    job = m.job
+    if job.job_id in state.jobs:
+        return f"Job {job.job_id} already exists"
+    queue = state.queues.get(job.job_queue)
+    if queue is None:
+        return f"Job queue {job.job_queue} does not exist"
+    if queue.state is not State.ENABLED:
+        return f"Job queue {job.job_queue} is DISABLED"
+    share = state.shares.get((job.job_queue, job.quota_share))
+    if share is None or share.deleting:
+        return f"Quota share {job.quota_share} does not exist in job queue {job.job_queue}"
+    if share.spec.state is not State.ENABLED:
+        return f"Quota share {job.quota_share} is DISABLED"
+    if not 0 <= job.priority <= 9999:
+        return f"schedulingPriority {job.priority} is out of range 0 to 9999"
+    if share_limit(share, job.unit) == 0:
+        return f"Quota share {job.quota_share} has no capacity limit for instance type {job.unit}"
+    return None
+
+
+@_handles(inp.SubmitJob)
+def _submit(ctx: Context, m: inp.SubmitJob) -> bool:
+    state = ctx.state
+    if (problem := _submission_problem(state, m)) is not None:
+        return reject(ctx, m, problem, job_id=m.job.job_id)
+    ctx.emit(ev.JobAccepted, job=m.job)
+    return _is_head(state, state.jobs[m.job.job_id]) or _backfill_on(state, m.job.job_queue)
+
+
+def _is_head(state: ClusterState, job: JobRecord) -> bool:
+    return state.head(state.shares[job.share]) is job
+
+
+def _backfill_on(state: ClusterState, queue_name: str) -> bool:
+    queue = state.queues.get(queue_name)
+    policy = None if queue is None else state.policies.get(queue.scheduling_policy)
+    return policy is not None and policy.backfill
+
+
+@_handles(inp.UpdateJobPriority)
+def _update_priority(ctx: Context, m: inp.UpdateJobPriority) -> bool:
+    state = ctx.state
+    job = state.jobs.get(m.job_id)
+    if job is None:
+        return reject(ctx, m, f"Job {m.job_id} does not exist or has finished", job_id=m.job_id)
+    if not 0 <= m.priority <= 9999:
+        return reject(ctx, m, f"schedulingPriority {m.priority} is out of range 0 to 9999", job_id=m.job_id)
+    was_head = job.status is JobStatus.RUNNABLE and _is_head(state, job)
+    ctx.emit(ev.JobPriorityChanged, job_id=job.job_id, priority=m.priority)
+    if job.status is not JobStatus.RUNNABLE:
+        return True  # S4.6: a dispatched job's new priority matters when it is considered as a victim
+    return was_head or _is_head(state, job) or _backfill_on(state, job.share[0])
+
+
+@_handles(inp.TerminateJob)
+def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
+    job = ctx.state.jobs.get(m.job_id)
+    if job is None:
+        return reject(ctx, m, f"Job {m.job_id} does not exist or has finished", job_id=m.job_id)
+    if not job.dispatched:
+        ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=m.reason, is_terminated=True)
+        return True
+    if job.stop is not None and job.stop.cause == "TERMINATED":
+        return False
+    ctx.emit(
+        ev.JobStopRequested,
+        job_id=job.job_id,
+        attempt_id=job.attempt_id,
+        cause="TERMINATED",
+        status_reason=m.reason,
+    )
+    return False
+
+
+# ----- attempt outcomes ------------------------------------------------------------------------
+
+
+def _attempt_failed(ctx: Context, job: JobRecord, reason: str) -> None:
+    """S5.4: retry while attempts remain and ``evaluateOnExit`` says RETRY; otherwise FAILED."""
+    assert job.attempt_id is not None
+    if job.failures + 1 < job.spec.retry_attempts and retry_allowed(job.spec.evaluate_on_exit, reason):
+        ctx.emit(
+            ev.JobRequeued, job_id=job.job_id, attempt_id=job.attempt_id, cause="RETRY", status_reason=reason
+        )
+    else:
+        ctx.emit(ev.JobFailed, job_id=job.job_id, attempt_id=job.attempt_id, status_reason=reason)
+
+
+def _stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
+    """The attempt is gone: the outcome depends on why it was being stopped (S4.4, S5.5, S5.6, S5.9)."""
+    attempt_id = job.attempt_id
+    assert attempt_id is not None
+    stop = job.stop
+    if stop is None:
+        reason = f"Attempt {attempt_id} was handed back by node {node_id}"
+        ctx.emit(
+            ev.JobRequeued,
+            job_id=job.job_id,
+            attempt_id=attempt_id,
+            cause="HANDED_BACK",
+            status_reason=reason,
+        )
+    elif stop.cause == "PREEMPTED":
+        retries = job.spec.preemption_retries
+        if retries is not None and job.preempted_count + 1 > retries:
+            reason = f"{stop.reason}; preemption retries exhausted ({retries})"
+            ctx.emit(
+                ev.JobFailed, job_id=job.job_id, attempt_id=attempt_id, status_reason=reason, preempted=True
+            )
+        else:
+            ctx.emit(
+                ev.JobRequeued,
+                job_id=job.job_id,
+                attempt_id=attempt_id,
+                cause="PREEMPTED",
+                status_reason=stop.reason,
+            )
+    elif stop.cause == "TIMEOUT":
+        _attempt_failed(ctx, job, stop.reason)
+    else:
+        ctx.emit(
+            ev.JobFailed,
+            job_id=job.job_id,
+            attempt_id=attempt_id,
+            status_reason=stop.reason,
+            is_terminated=True,
+        )
+
+
+def _failure_reason(m: inp.AttemptReport) -> str:
+    if m.status_reason:
+        return m.status_reason
+    if m.exit_code is not None:
+        return f"Essential container in task exited with code {m.exit_code}"
+    return "Attempt failed"
+
+
+@_handles(inp.AttemptReport)
+def _report(ctx: Context, m: inp.AttemptReport) -> bool:
+    state = ctx.state
+    job = state.jobs.get(m.job_id)
+    if job is None or job.attempt_id != m.attempt_id:
+        if m.status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return False  # a late report of an attempt that is already over: nothing to do
+        ctx.emit(
+            ev.AttemptFenced,
+            node_id=m.node_id,
+            job_id=m.job_id,
+            attempt_id=m.attempt_id,
+            reason="The scheduler does not assign this attempt to the node",
+        )
+        return False
+    if m.node_id not in {p.node_id for p in job.placements}:
+        return reject(ctx, m, f"Attempt {m.attempt_id} is not placed on node {m.node_id}", job_id=m.job_id)
+    meaning = REPORT_TRANSITIONS.get(job.status, {}).get(m.status)
+    if meaning is None:
+        return reject(
+            ctx, m, f"Illegal transition: job {job.job_id} is {job.status} and cannot be {m.status}"
+        )
+    if meaning != "apply":
+        return False
+    share = state.shares[job.share]
+    if m.status == "STARTING":
+        ctx.emit(ev.JobStarting, job_id=job.job_id, attempt_id=m.attempt_id)
+        return False
+    if m.status == "RUNNING":
+        ctx.emit(ev.JobRunning, job_id=job.job_id, attempt_id=m.attempt_id)
+        return False
+    if m.status == "SUCCEEDED":
+        ctx.emit(ev.JobSucceeded, job_id=job.job_id, attempt_id=m.attempt_id)
+    elif job.stop is not None:
+        _stopped(ctx, job, m.node_id)
+    elif m.status == "FAILED":
+        _attempt_failed(ctx, job, _failure_reason(m))
+    else:
+        _stopped(ctx, job, m.node_id)
+    _finish_share_deletion(ctx, share)
+    return True
+
+
+# ----- nodes and time --------------------------------------------------------------------------
+
+
+@_handles(inp.RegisterNode)
+def _register(ctx: Context, m: inp.RegisterNode) -> bool:
+    old = ctx.state.nodes.get(m.node_id)
+    if old is not None and old.online and old.slots != m.slots and _jobs_on_node(ctx.state, m.node_id):
+        return reject(ctx, m, f"Node {m.node_id} re-registered with different slots while it runs attempts")
+    if old is not None and not old.online:
+        pass  # a lost node coming back: its old attempts were requeued; the agent fences them
+    ctx.emit(ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots)
+    return True
+
+
+def _jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
+    return sorted(
+        (
+            job
+            for share in state.shares.values()
+            for ids in share.dispatched.values()
+            for job in (state.jobs[i] for i in ids)
+            if any(p.node_id == node_id for p in job.placements)
+        ),
+        key=lambda j: j.job_id,
+    )
+
+
+@_handles(inp.NodeHeartbeat)
+def _heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered; register it again")
+    # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
+    if m.occurred_at - node.last_heartbeat >= ctx.state.heartbeat_timeout_ms // 4:
+        ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)
+    return False
+
+
+@_handles(inp.DrainNode)
+def _drain(ctx: Context, m: inp.DrainNode) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    if not node.draining:
+        ctx.emit(ev.NodeDraining, node_id=m.node_id)
+    return True
+
+
+@_handles(inp.DeregisterNode)
+def _deregister(ctx: Context, m: inp.DeregisterNode) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    _lose_node(ctx, m.node_id, f"Node {m.node_id} deregistered")
+    return True
+
+
+def _lose_node(ctx: Context, node_id: str, reason: str) -> None:
+    """S5.7: the node's attempts go back to RUNNABLE (or to their stop outcome), then the node is lost."""
+    for job in _jobs_on_node(ctx.state, node_id):
+        share = ctx.state.shares[job.share]
+        if job.stop is not None:
+            _stopped(ctx, job, node_id)
+        else:
+            assert job.attempt_id is not None
+            ctx.emit(
+                ev.JobRequeued,
+                job_id=job.job_id,
+                attempt_id=job.attempt_id,
+                cause="NODE_LOST",
+                status_reason=reason,
+            )
+        _finish_share_deletion(ctx, share)
+    ctx.emit(ev.NodeLost, node_id=node_id, reason=reason)
+
+
+@_handles(inp.Tick)
+def _tick(ctx: Context, m: inp.Tick) -> bool:
+    state, now = ctx.state, m.occurred_at
+    expired = sorted(
+        n.node_id
+        for n in state.nodes.values()
+        if n.online and now - n.last_heartbeat > state.heartbeat_timeout_ms
+    )
+    for node_id in expired:
+        _lose_node(ctx, node_id, f"Node {node_id} lost")
+    for deadline, job_id, attempt_id in list(state.deadlines.irange(maximum=(now, "\uffff", "\uffff"))):
+        job = state.jobs.get(job_id)
+        if job is not None and job.attempt_id == attempt_id and job.stop is None and deadline <= now:
+            ctx.emit(
+                ev.JobStopRequested,
+                job_id=job_id,
+                attempt_id=attempt_id,
+                cause="TIMEOUT",
+                status_reason="Attempt duration exceeded",
+            )
+    _time_limits(ctx, now)
+    return True
+
+
+def _time_limits(ctx: Context, now: int) -> None:
+    """S5.8: a RUNNABLE job at the head of its share for longer than the queue's limit fails."""
+    state = ctx.state
+    for share in list(state.shares.values()):
+        queue = state.queues.get(share.key[0])
+        if queue is None or not queue.time_limit_actions or share.head_since is None:
+            continue
+        job_id, since = share.head_since
+        action = min(queue.time_limit_actions, key=lambda a: a.max_time_seconds)
+        if now - since >= action.max_time_seconds * 1000:
+            ctx.emit(ev.JobFailed, job_id=job_id, status_reason=action.reason, is_terminated=True)

@@ -1,0 +1,336 @@
+"""``evolve(state, event)``: apply one recorded fact. The only code that mutates a ``ClusterState``.
+
+Replay is ``for event in log: evolve(state, event)`` from ``ClusterState()``. Handlers never decide
+anything: every choice (which slots, which victims, what outcome) is already in the event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sortedcontainers import SortedList
+
+from gpuquota.core.state import ClusterState, Hold, JobRecord, NodeRecord, ShareRecord, StopInfo
+from gpuquota.wire import events as ev
+from gpuquota.wire.base import JobStatus
+
+E = TypeVar("E")
+_HANDLERS: dict[type[Any], Callable[[ClusterState, Any], None]] = {}
+
+
+def _handles(
+    event_type: type[E],
+) -> Callable[[Callable[[ClusterState, E], None]], Callable[[ClusterState, E], None]]:
+    def register(fn: Callable[[ClusterState, E], None]) -> Callable[[ClusterState, E], None]:
+        _HANDLERS[event_type] = fn
+        return fn
+
+    return register
+
+
+def evolve(state: ClusterState, event: ev.SchedulerEvent) -> ClusterState:
+    """Apply ``event`` to ``state`` (in place: the state is owned by its caller) and return it."""
+    _HANDLERS[type(event)](state, event)
+    state.put("applied", state.applied + 1)
+    return state
+
+
+def handled_event_types() -> frozenset[type[Any]]:
+    return frozenset(_HANDLERS)
+
+
+# ----- resources -------------------------------------------------------------------------------
+
+
+@_handles(ev.InputRejected)
+def _rejected(state: ClusterState, event: ev.InputRejected) -> None:
+    pass
+
+
+@_handles(ev.AttemptFenced)
+def _fenced(state: ClusterState, event: ev.AttemptFenced) -> None:
+    pass
+
+
+@_handles(ev.SchedulingPolicyChanged)
+def _policy(state: ClusterState, event: ev.SchedulingPolicyChanged) -> None:
+    if event.status == "DELETED":
+        state.dict_pop(state.policies, event.spec.name)
+    else:
+        state.dict_set(state.policies, event.spec.name, event.spec)
+
+
+@_handles(ev.ServiceEnvironmentChanged)
+def _environment(state: ClusterState, event: ev.ServiceEnvironmentChanged) -> None:
+    if event.status == "DELETED":
+        state.dict_pop(state.environments, event.spec.name)
+    else:
+        state.dict_set(state.environments, event.spec.name, event.spec)
+
+
+@_handles(ev.JobQueueChanged)
+def _queue(state: ClusterState, event: ev.JobQueueChanged) -> None:
+    if event.status == "DELETED":
+        state.dict_pop(state.queues, event.spec.name)
+    else:
+        state.dict_set(state.queues, event.spec.name, event.spec)
+
+
+@_handles(ev.QuotaShareChanged)
+def _share(state: ClusterState, event: ev.QuotaShareChanged) -> None:
+    key = (event.spec.job_queue, event.spec.name)
+    if event.status == "DELETED":
+        state.dict_pop(state.shares, key)
+        return
+    share = state.shares.get(key)
+    if share is None:
+        state.dict_set(state.shares, key, ShareRecord(state.journal_cell, event.spec))
+        return
+    share.put("spec", event.spec)
+    if event.status == "DELETING":
+        share.put("deleting", True)
+
+
+# ----- jobs ------------------------------------------------------------------------------------
+
+
+def _refresh_head(state: ClusterState, share: ShareRecord, at: int) -> None:
+    head = share.queue[0][2] if share.queue else None
+    current = share.head_since
+    if head is None:
+        if current is not None:
+            share.put("head_since", None)
+    elif current is None or current[0] != head:
+        share.put("head_since", (head, at))
+
+
+def _enqueue(state: ClusterState, job: JobRecord, at: int) -> None:
+    share = state.shares[job.share]
+    state.sorted_add(share.queue, job.queue_key)
+    _refresh_head(state, share, at)
+
+
+def _dequeue(state: ClusterState, job: JobRecord, at: int) -> None:
+    share = state.shares[job.share]
+    state.sorted_discard(share.queue, job.queue_key)
+    _refresh_head(state, share, at)
+
+
+def _reindex(state: ClusterState, node: NodeRecord, unit: str, before: int) -> None:
+    """Keep ``free_index`` in step with ``node.free[unit]`` (``before``: its size before the change)."""
+    index = state.child(state.free_index, (node.pool, unit), SortedList)
+    if before:
+        state.sorted_discard(index, (before, node.node_id))
+    after = len(node.free.get(unit, ()))
+    if after and node.usable:
+        state.sorted_add(index, (after, node.node_id))
+
+
+def _release(state: ClusterState, job: JobRecord) -> None:
+    """Give back the job's slots and usage (S2.2: only when its node reports it stopped, or is lost)."""
+    for placement in job.placements:
+        node = state.nodes.get(placement.node_id)
+        if node is None:
+            continue
+        free = node.free[job.unit]
+        before = len(free) if node.usable else 0
+        for slot in placement.slots:
+            state.sorted_add(free, slot)
+        _reindex(state, node, job.unit, before)
+        if node.usable:
+            state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, len(placement.slots))
+    share = state.shares[job.share]
+    state.dict_add(share.usage, job.unit, -job.count)
+    state.set_discard(state.child(share.dispatched, job.unit, set), job.job_id)
+    if job.spec.attempt_duration_seconds is not None and job.started_at is not None:
+        deadline = job.started_at + job.spec.attempt_duration_seconds * 1000
+        state.sorted_discard(state.deadlines, (deadline, job.job_id, job.attempt_id))
+    for hold in state.holds.values():
+        state.set_discard(hold.victims, job.job_id)
+    job.put("attempt_id", None)
+    job.put("placements", ())
+    job.put("stop", None)
+    job.put("started_at", None)
+
+
+def _forget(state: ClusterState, job: JobRecord, at: int) -> None:
+    """A terminal job leaves the core's state (its history lives in the event log and read model)."""
+    if job.dispatched:
+        _release(state, job)
+    elif job.status is JobStatus.RUNNABLE:
+        _dequeue(state, job, at)
+    if job.job_id in state.holds:
+        state.dict_pop(state.holds, job.job_id)
+    state.dict_pop(state.jobs, job.job_id)
+
+
+@_handles(ev.JobAccepted)
+def _accepted(state: ClusterState, event: ev.JobAccepted) -> None:
+    job = JobRecord(state.journal_cell, event.job, event.occurred_at)
+    state.dict_set(state.jobs, job.job_id, job)
+    _enqueue(state, job, event.occurred_at)
+
+
+@_handles(ev.JobDispatched)
+def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
+    job = state.jobs[event.job_id]
+    _dequeue(state, job, event.occurred_at)
+    for placement in event.placements:
+        node = state.nodes[placement.node_id]
+        free = node.free[job.unit]
+        before = len(free) if node.usable else 0
+        for slot in placement.slots:
+            state.sorted_discard(free, slot)
+        _reindex(state, node, job.unit, before)
+        state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, -len(placement.slots))
+    share = state.shares[job.share]
+    state.dict_add(share.usage, job.unit, job.count)
+    state.set_add(state.child(share.dispatched, job.unit, set), job.job_id)
+    state.put("dispatch_counter", state.dispatch_counter + 1)
+    job.put("status", JobStatus.SCHEDULED)
+    job.put("status_reason", "")
+    job.put("attempt_id", event.attempt_id)
+    job.put("attempt_number", event.attempt_number)
+    job.put("placements", event.placements)
+    job.put("scheduled_at", event.occurred_at)
+    job.put("dispatch_seq", state.dispatch_counter)
+    if job.job_id in state.holds:
+        state.dict_pop(state.holds, job.job_id)
+
+
+@_handles(ev.JobStarting)
+def _starting(state: ClusterState, event: ev.JobStarting) -> None:
+    state.jobs[event.job_id].put("status", JobStatus.STARTING)
+
+
+@_handles(ev.JobRunning)
+def _running(state: ClusterState, event: ev.JobRunning) -> None:
+    job = state.jobs[event.job_id]
+    job.put("status", JobStatus.RUNNING)
+    job.put("started_at", event.occurred_at)
+    if job.spec.attempt_duration_seconds is not None:
+        deadline = event.occurred_at + job.spec.attempt_duration_seconds * 1000
+        state.sorted_add(state.deadlines, (deadline, job.job_id, event.attempt_id))
+
+
+@_handles(ev.JobSucceeded)
+def _succeeded(state: ClusterState, event: ev.JobSucceeded) -> None:
+    _forget(state, state.jobs[event.job_id], event.occurred_at)
+
+
+@_handles(ev.JobFailed)
+def _failed(state: ClusterState, event: ev.JobFailed) -> None:
+    _forget(state, state.jobs[event.job_id], event.occurred_at)
+
+
+@_handles(ev.JobRequeued)
+def _requeued(state: ClusterState, event: ev.JobRequeued) -> None:
+    job = state.jobs[event.job_id]
+    _release(state, job)
+    if event.cause == "RETRY":
+        job.put("failures", job.failures + 1)
+    elif event.cause == "PREEMPTED":
+        job.put("preempted_count", job.preempted_count + 1)
+    job.put("status", JobStatus.RUNNABLE)
+    job.put("status_reason", event.status_reason)
+    job.put("runnable_since", event.occurred_at)
+    _enqueue(state, job, event.occurred_at)
+
+
+@_handles(ev.JobPreempted)
+def _preempted(state: ClusterState, event: ev.JobPreempted) -> None:
+    victim = state.jobs[event.job_id]
+    victim.put("stop", StopInfo("PREEMPTED", event.status_reason, event.preemptor_job_id))
+    hold = state.holds.get(event.preemptor_job_id)
+    if hold is None:
+        preemptor = state.jobs[event.preemptor_job_id]
+        queue = state.queues[preemptor.share[0]]
+        hold = Hold(
+            preemptor.job_id, queue.service_environment, preemptor.share, preemptor.unit, preemptor.count
+        )
+        state.dict_set(state.holds, preemptor.job_id, hold)
+    state.set_add(hold.victims, victim.job_id)
+
+
+@_handles(ev.JobStopRequested)
+def _stop_requested(state: ClusterState, event: ev.JobStopRequested) -> None:
+    state.jobs[event.job_id].put("stop", StopInfo(event.cause, event.status_reason))
+
+
+@_handles(ev.JobPriorityChanged)
+def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
+    job = state.jobs[event.job_id]
+    if job.status is JobStatus.RUNNABLE:
+        _dequeue(state, job, event.occurred_at)
+        job.put("priority", event.priority)
+        _enqueue(state, job, event.occurred_at)
+    else:
+        job.put("priority", event.priority)
+
+
+@_handles(ev.PreemptionHoldReleased)
+def _hold_released(state: ClusterState, event: ev.PreemptionHoldReleased) -> None:
+    state.dict_pop(state.holds, event.job_id)
+
+
+# ----- nodes -----------------------------------------------------------------------------------
+
+
+def _count_slots(node: NodeRecord) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for slot in node.slots:
+        counts[slot.unit] = counts.get(slot.unit, 0) + 1
+    return counts
+
+
+def _withdraw(state: ClusterState, node: NodeRecord) -> None:
+    """Take a usable node's slots out of the pool counters (it drains, leaves or is replaced)."""
+    if not node.usable:
+        return
+    slots = state.child(state.pool_slots, node.pool, dict)
+    free = state.child(state.pool_free, node.pool, dict)
+    for unit, count in _count_slots(node).items():
+        state.dict_add(slots, unit, -count)
+        state.dict_add(free, unit, -len(node.free.get(unit, ())))
+        index = state.free_index.get((node.pool, unit))
+        if index is not None:
+            state.sorted_discard(index, (len(node.free.get(unit, ())), node.node_id))
+
+
+@_handles(ev.NodeRegistered)
+def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
+    old = state.nodes.get(event.node_id)
+    if old is not None:
+        _withdraw(state, old)
+    node = NodeRecord(state.journal_cell, event.node_id, event.pool, event.slots, event.occurred_at)
+    if old is not None:
+        # Same slots (decide checks it): attempts still placed on the node keep their slots.
+        for unit, free in old.free.items():
+            node.free[unit] = free.copy()
+    state.dict_set(state.nodes, node.node_id, node)
+    slots = state.child(state.pool_slots, node.pool, dict)
+    free_counts = state.child(state.pool_free, node.pool, dict)
+    for unit, count in _count_slots(node).items():
+        state.dict_add(slots, unit, count)
+        state.dict_add(free_counts, unit, len(node.free.get(unit, ())))
+        _reindex(state, node, unit, 0)
+
+
+@_handles(ev.NodeHeartbeatRecorded)
+def _heartbeat(state: ClusterState, event: ev.NodeHeartbeatRecorded) -> None:
+    state.nodes[event.node_id].put("last_heartbeat", event.occurred_at)
+
+
+@_handles(ev.NodeDraining)
+def _draining(state: ClusterState, event: ev.NodeDraining) -> None:
+    node = state.nodes[event.node_id]
+    _withdraw(state, node)
+    node.put("draining", True)
+
+
+@_handles(ev.NodeLost)
+def _lost(state: ClusterState, event: ev.NodeLost) -> None:
+    node = state.nodes[event.node_id]
+    _withdraw(state, node)
+    node.put("online", False)

@@ -1,0 +1,215 @@
+"""Quota arithmetic (semantics S2): every capacity term, one small function each.
+
+Theory of operation
+-------------------
+All figures are per service environment ``e`` and capacity unit ``u`` (an instance type).
+
+- ``limit L(s,u)``: what share ``s`` may use without borrowing (0 when it has no limit for ``u``).
+- ``max usage M(s,u)``: ``L`` for RESERVE and LEND; ``L + floor(L * borrowLimit / 100)`` for
+  LEND_AND_BORROW, unbounded (``None``) when ``borrowLimit`` is -1 (S2.3).
+- ``usage U(s,u)``: instances held by the share's dispatched jobs, stopping ones included (S2.2),
+  plus capacity *held* for its preemptors whose victims are still stopping (S4.3). A hold counts as
+  a virtual dispatch, so nobody else takes the capacity it protects; the preemptor itself is
+  evaluated with its own hold removed (``exclude``).
+- ``reserved idle R(e,u)``: the sum over RESERVE shares of ``max(0, L - U)`` (S2.4).
+- ``capacity C(e,u)``: ``min(SE.maxCapacity(u), usable slots of the pool - other SEs' usage)`` (S2.1).
+- The admission constraint (S2.5): after a dispatch of ``k``, ``sum_s U(s,u) + R(e,u) <= C(e,u)``
+  and ``U(s,u) <= M(s,u)``. Placement additionally needs ``k`` free slots on usable nodes (S6).
+
+``Figures`` gathers these numbers once for one job; admission, preemption and explanations all
+read the same figures, so they can never disagree about what "fits" means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuquota.core.state import ClusterState, ShareKey, ShareRecord
+from gpuquota.wire.base import ServiceEnvironmentSpec, State, Strategy
+
+
+def share_limit(share: ShareRecord, unit: str) -> int:
+    """L(s,u): the share's own capacity for ``unit``; 0 when it lists no limit for it."""
+    return share.spec.limit(unit) or 0
+
+
+def share_max_usage(share: ShareRecord, unit: str) -> int | None:
+    """M(s,u): the most the share may ever hold of ``unit``; ``None`` means unbounded (S2.3)."""
+    own = share.spec.limit(unit)
+    if own is None:
+        return 0
+    if share.spec.strategy is not Strategy.LEND_AND_BORROW:
+        return own
+    if share.spec.borrow_limit == -1:
+        return None
+    return own + own * share.spec.borrow_limit // 100
+
+
+def held_by(state: ClusterState, share: ShareKey, unit: str, exclude: str | None = None) -> int:
+    """Capacity of ``unit`` held for the share's preemptors (S4.3), except ``exclude``'s hold."""
+    return sum(
+        h.count for h in state.holds.values() if h.share == share and h.unit == unit and h.job_id != exclude
+    )
+
+
+def share_usage(state: ClusterState, share: ShareRecord, unit: str, exclude: str | None = None) -> int:
+    """U(s,u): dispatched instances (stopping ones included) plus holds (S2.2, S4.3)."""
+    return share.usage.get(unit, 0) + held_by(state, share.key, unit, exclude)
+
+
+def shares_of_environment(state: ClusterState, environment: str) -> list[ShareRecord]:
+    """The quota shares of every job queue attached to ``environment``."""
+    queues = {q.name for q in state.queues.values() if q.service_environment == environment}
+    return [share for key, share in state.shares.items() if key[0] in queues]
+
+
+def reserved_idle(
+    state: ClusterState, shares: list[ShareRecord], unit: str, exclude: str | None = None
+) -> int:
+    """R(e,u): idle capacity of RESERVE shares, which nobody else may use (S2.4)."""
+    return sum(
+        max(0, share_limit(s, unit) - share_usage(state, s, unit, exclude))
+        for s in shares
+        if s.spec.strategy is Strategy.RESERVE
+    )
+
+
+def environment_usage(state: ClusterState, environment: str, unit: str) -> int:
+    """Instances of ``unit`` held by the jobs of every share of ``environment`` (holds excluded)."""
+    return sum(s.usage.get(unit, 0) for s in shares_of_environment(state, environment))
+
+
+def environment_limit(environment: ServiceEnvironmentSpec, unit: str) -> int:
+    for cap in environment.capacity_limits:
+        if cap.unit == unit:
+            return cap.max_capacity
+    return 0
+
+
+def pool_capacity(state: ClusterState, environment: ServiceEnvironmentSpec, unit: str) -> int:
+    """C(e,u) (S2.1): the SE's limit, bounded by the pool's usable slots less other SEs' usage."""
+    others = sum(
+        environment_usage(state, e.name, unit)
+        for e in state.environments.values()
+        if e.pool == environment.pool and e.name != environment.name
+    )
+    slots = state.pool_slots.get(environment.pool, {}).get(unit, 0)
+    return max(0, min(environment_limit(environment, unit), slots - others))
+
+
+def free_slots(state: ClusterState, pool: str, unit: str) -> int:
+    """Free slots of ``unit`` on the pool's online, non-draining nodes."""
+    return state.pool_free.get(pool, {}).get(unit, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The capacity figures that decide whether one job of one share fits, as of now."""
+
+    unit: str
+    demand: int
+    capacity: int
+    usage: int
+    """sum of U(s,u) over the environment's shares, holds included."""
+    reserved_idle: int
+    held: int
+    share_usage: int
+    share_limit: int
+    share_max: int | None
+    free_slots: int
+    environment_enabled: bool
+
+    @property
+    def in_quota(self) -> bool:
+        """S2.7: the job fits its share's own limit."""
+        return self.share_usage + self.demand <= self.share_limit
+
+    @property
+    def within_share_max(self) -> bool:
+        return self.share_max is None or self.share_usage + self.demand <= self.share_max
+
+    @property
+    def within_capacity(self) -> bool:
+        return self.usage + self.reserved_idle + self.demand <= self.capacity
+
+    @property
+    def placeable(self) -> bool:
+        return self.free_slots >= self.demand
+
+    @property
+    def fits(self) -> bool:
+        """S2.5 and S6: the job can be dispatched now."""
+        return self.environment_enabled and self.within_share_max and self.within_capacity and self.placeable
+
+
+def figures_for(
+    state: ClusterState, share: ShareRecord, unit: str, demand: int, exclude: str | None = None
+) -> Figures | None:
+    """The figures for ``demand`` instances of ``unit`` in ``share``; ``None`` without an SE."""
+    environment = state.environment_of_queue(share.key[0])
+    if environment is None:
+        return None
+    return Ledger(state, environment).figures(share, unit, demand, exclude)
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Environment-wide figures for one unit."""
+
+    capacity: int
+    usage: int
+    reserved_idle: int
+    held: int
+    free_slots: int
+    enabled: bool
+
+
+class Ledger:
+    """The quota figures of one service environment, cached while the state does not change.
+
+    A scheduling pass evaluates every share's head against the same environment totals; the totals
+    are recomputed only after an event has been applied (``state.applied`` moved).
+    """
+
+    def __init__(self, state: ClusterState, environment: ServiceEnvironmentSpec) -> None:
+        self.state = state
+        self.environment = environment
+        self.shares = shares_of_environment(state, environment.name)
+        self._totals: dict[str, tuple[int, Totals]] = {}
+
+    def totals(self, unit: str, exclude: str | None = None) -> Totals:
+        state = self.state
+        cacheable = exclude is None or exclude not in state.holds
+        if cacheable:
+            cached = self._totals.get(unit)
+            if cached is not None and cached[0] == state.applied:
+                return cached[1]
+            exclude = None
+        held = sum(held_by(state, s.key, unit, exclude) for s in self.shares)
+        totals = Totals(
+            capacity=pool_capacity(state, self.environment, unit),
+            usage=sum(s.usage.get(unit, 0) for s in self.shares) + held,
+            reserved_idle=reserved_idle(state, self.shares, unit, exclude),
+            held=held,
+            free_slots=free_slots(state, self.environment.pool, unit) - held,
+            enabled=self.environment.state is State.ENABLED,
+        )
+        if cacheable:
+            self._totals[unit] = (state.applied, totals)
+        return totals
+
+    def figures(self, share: ShareRecord, unit: str, demand: int, exclude: str | None = None) -> Figures:
+        totals = self.totals(unit, exclude)
+        return Figures(
+            unit=unit,
+            demand=demand,
+            capacity=totals.capacity,
+            usage=totals.usage,
+            reserved_idle=totals.reserved_idle,
+            held=totals.held,
+            share_usage=share_usage(self.state, share, unit, exclude),
+            share_limit=share_limit(share, unit),
+            share_max=share_max_usage(share, unit),
+            free_slots=totals.free_slots,
+            environment_enabled=totals.enabled,
+        )

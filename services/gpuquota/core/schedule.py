@@ -1,0 +1,280 @@
+"""The scheduling pass (semantics S3.3): after an input, dispatch what fits and preempt what must stop.
+
+Theory of operation
+-------------------
+A pass runs per service environment, environments in the order of their job queue's priority (S1).
+It is a sequence of numbered phases; each dispatch or preemption is emitted (and so applied to the
+state under trial) at once, so later phases see earlier decisions.
+
+0. Holds (S4.3). A preemptor whose victims have all stopped is dispatched if it fits; if it still does
+   not fit, its hold is released and it competes normally. Holds whose victims are still stopping
+   stay; the held capacity counts as used by everyone else.
+1. In-quota phase. Heads that fit their share's own limit, oldest head first (``createdAt``, then job
+   id), are dispatched while they fit; a dispatched head's successor joins the sweep if it is in quota
+   too. A head that does not fit is *blocked*: capacity only shrinks during a pass, so it cannot fit
+   later in the same pass.
+2. Borrow phase (FIFO idle assignment). Heads of LEND_AND_BORROW shares that are over their own limit,
+   oldest first, take idle capacity within their share maximum.
+3. Reclaim phase (S4.1). Blocked in-quota heads, oldest first, reclaim capacity from borrowing shares.
+4. In-share phase (S4.2). Heads that still wait, in shares with in-share preemption, preempt strictly
+   lower-priority jobs of their own share.
+
+Without backfill (the default) only heads are ever considered (S3.2). With the policy's ``backfill``
+extension, a blocked head lets up to ``BACKFILL_SCAN`` later jobs of its share try the same phase.
+
+The pass is a fixpoint: running it twice in a row decides nothing the second time. ``decide`` relies
+on this to skip the pass after inputs that cannot change any decision.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+from gpuquota.core.context import Context
+from gpuquota.core.preemption import cross_share_candidates, find_victims, in_share_candidates
+from gpuquota.core.quota import Figures, Ledger
+from gpuquota.core.state import JobRecord, ShareRecord
+from gpuquota.wire import events as ev
+from gpuquota.wire.base import Placement, ServiceEnvironmentSpec, Strategy
+
+BACKFILL_SCAN = 64
+
+
+def schedule(ctx: Context) -> None:
+    """Run one pass over every service environment."""
+    for environment in environments_in_order(ctx):
+        EnvironmentPass(ctx, environment).run()
+
+
+def environments_in_order(ctx: Context) -> list[ServiceEnvironmentSpec]:
+    """S1: environments sharing a pool are served in the order of their job queues' priority."""
+    state = ctx.state
+    ranked = []
+    for queue in state.queues.values():
+        environment = state.environments.get(queue.service_environment)
+        if environment is not None:
+            ranked.append((-queue.priority, environment.name, environment))
+    return [environment for _, _, environment in sorted(ranked, key=lambda r: (r[0], r[1]))]
+
+
+class EnvironmentPass:
+    def __init__(self, ctx: Context, environment: ServiceEnvironmentSpec) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.environment = environment
+        self.ledger = Ledger(ctx.state, environment)
+        self.shares = [s for s in self.ledger.shares if not s.deleting]
+        self.backfill = self._backfill_enabled()
+
+    def _backfill_enabled(self) -> bool:
+        queues = [q for q in self.state.queues.values() if q.service_environment == self.environment.name]
+        policy = self.state.policies.get(queues[0].scheduling_policy) if queues else None
+        return policy is not None and policy.backfill
+
+    def run(self) -> None:
+        # 0. Holds whose victims are gone: dispatch the preemptor, or let it compete again.
+        self.settle_holds()
+        # 1. In-quota phase.
+        blocked_in_quota = self.sweep(in_quota=True)
+        # 2. Borrow phase (FIFO).
+        blocked_borrowing = self.sweep(in_quota=False)
+        # 3. Reclaim phase for in-quota heads that did not fit.
+        waiting = [job for job in blocked_in_quota if not self.reclaim(job)]
+        # 4. In-share phase for every head that still waits.
+        for job in sorted(waiting + blocked_borrowing + self.over_quota_heads(), key=head_order):
+            self.preempt_in_share(job)
+
+    # ----- phase 0 -----------------------------------------------------------------------------
+
+    def settle_holds(self) -> None:
+        holds = sorted(
+            (h for h in self.state.holds.values() if h.se == self.environment.name and not h.victims),
+            key=lambda h: h.job_id,
+        )
+        for hold in holds:
+            job = self.state.jobs[hold.job_id]
+            share = self.state.shares[job.share]
+            if not self.try_dispatch(job, share, "HOLD"):
+                self.ctx.emit(
+                    ev.PreemptionHoldReleased,
+                    job_id=job.job_id,
+                    reason="Victims stopped but the job still does not fit",
+                )
+
+    # ----- phases 1 and 2 ----------------------------------------------------------------------
+
+    def figures(self, job: JobRecord, share: ShareRecord) -> Figures:
+        return self.ledger.figures(share, job.unit, job.count)
+
+    def candidate(self, share: ShareRecord, in_quota: bool) -> JobRecord | None:
+        """The share's head if it belongs to this phase (and holds no preemption)."""
+        job = self.state.head(share)
+        if job is None or job.job_id in self.state.holds:
+            return None
+        if not in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW:
+            return None
+        return job if self.figures(job, share).in_quota is in_quota else None
+
+    def sweep(self, in_quota: bool) -> list[JobRecord]:
+        """Dispatch heads of this phase oldest first while they fit; return the heads that did not."""
+        heap: list[tuple[int, str, int]] = []
+        for index, share in enumerate(self.shares):
+            job = self.candidate(share, in_quota)
+            if job is not None:
+                heap.append((job.created_at, job.job_id, index))
+        heapq.heapify(heap)
+        blocked = []
+        phase = "IN_QUOTA" if in_quota else "BORROW"
+        while heap:
+            _, job_id, index = heapq.heappop(heap)
+            share = self.shares[index]
+            job = self.state.jobs[job_id]
+            if self.try_dispatch(job, share, phase):
+                successor = self.candidate(share, in_quota)
+                if successor is not None:
+                    heapq.heappush(heap, (successor.created_at, successor.job_id, index))
+                continue
+            blocked.append(job)
+            while self.backfill and self.backfill_share(share, in_quota):
+                pass
+        return blocked
+
+    def backfill_share(self, share: ShareRecord, in_quota: bool) -> bool:
+        """Backfill extension: dispatch the first later job of the share that fits in this phase."""
+        phase = "IN_QUOTA" if in_quota else "BORROW"
+        for job in self.queued_after_head(share):
+            if job.job_id in self.state.holds or self.figures(job, share).in_quota is not in_quota:
+                continue
+            if self.try_dispatch(job, share, phase):
+                return True
+        return False
+
+    def queued_after_head(self, share: ShareRecord) -> Iterator[JobRecord]:
+        for key in share.queue.islice(1, BACKFILL_SCAN + 1):
+            yield self.state.jobs[key[2]]
+
+    def over_quota_heads(self) -> list[JobRecord]:
+        """Heads of RESERVE and LEND shares above their own limit: they wait unless in-share applies."""
+        heads = []
+        for share in self.shares:
+            if share.spec.strategy is Strategy.LEND_AND_BORROW:
+                continue
+            job = self.state.head(share)
+            if (
+                job is not None
+                and job.job_id not in self.state.holds
+                and not self.figures(job, share).in_quota
+            ):
+                heads.append(job)
+        return heads
+
+    def try_dispatch(self, job: JobRecord, share: ShareRecord, phase: str) -> bool:
+        figures = self.ledger.figures(share, job.unit, job.count, exclude=job.job_id)
+        if not figures.fits:
+            return False
+        placements = place(self.ctx, self.environment.pool, job.unit, job.count)
+        if placements is None:
+            return False
+        attempt_number = job.attempt_number + 1
+        self.ctx.emit(
+            ev.JobDispatched,
+            job_id=job.job_id,
+            attempt_id=f"{job.job_id}#{attempt_number}",
+            attempt_number=attempt_number,
+            unit=job.unit,
+            count=job.count,
+            placements=placements,
+            phase=phase,
+            borrowed=max(0, min(job.count, figures.share_usage + job.count - figures.share_limit)),
+        )
+        return True
+
+    # ----- phases 3 and 4 ----------------------------------------------------------------------
+
+    def reclaim(self, job: JobRecord) -> bool:
+        if job.job_id in self.state.holds:
+            return True
+        candidates, eligible = cross_share_candidates(self.ledger, job)
+        victims = find_victims(self.ledger, job, candidates, eligible)
+        if victims is None:
+            return False
+        self.preempt(job, victims, "CROSS_SHARE")
+        return True
+
+    def preempt_in_share(self, job: JobRecord) -> None:
+        share = self.state.shares[job.share]
+        if not share.spec.in_share_preemption or job.job_id in self.state.holds:
+            return
+        if self.state.head(share) is not job:
+            return
+        candidates, eligible = in_share_candidates(self.ledger, job)
+        victims = find_victims(self.ledger, job, candidates, eligible)
+        if victims is not None:
+            self.preempt(job, victims, "IN_SHARE")
+
+    def preempt(self, preemptor: JobRecord, victims: list[JobRecord], kind: str) -> None:
+        state = self.state
+        preemptor_share = state.shares[preemptor.share]
+        figures = self.ledger.figures(
+            preemptor_share, preemptor.unit, preemptor.count, exclude=preemptor.job_id
+        )
+        for victim in victims:
+            victim_share = state.shares[victim.share]
+            if kind == "CROSS_SHARE":
+                reason = (
+                    f"Preempted (cross-share): capacity reclaimed by quota share {preemptor.share[1]} "
+                    f"for job {preemptor.job_id}"
+                )
+            else:
+                reason = (
+                    f"Preempted (in-share): higher priority job {preemptor.job_id} "
+                    f"(priority {preemptor.priority} > {victim.priority})"
+                )
+            self.ctx.emit(
+                ev.JobPreempted,
+                job_id=victim.job_id,
+                attempt_id=victim.attempt_id,
+                preemptor_job_id=preemptor.job_id,
+                preemptor_share=preemptor.share[1],
+                victim_share=victim.share[1],
+                kind=kind,
+                status_reason=reason,
+                figures=ev.PreemptionFigures(
+                    unit=preemptor.unit,
+                    preemptor_demand=preemptor.count,
+                    pool_capacity=figures.capacity,
+                    pool_usage=figures.usage,
+                    reserved_idle=figures.reserved_idle,
+                    held=figures.held,
+                    preemptor_share_usage=figures.share_usage,
+                    preemptor_share_limit=figures.share_limit,
+                    victim_share_usage=victim_share.usage.get(victim.unit, 0),
+                    victim_share_limit=victim_share.spec.limit(victim.unit) or 0,
+                ),
+            )
+
+
+def head_order(job: JobRecord) -> tuple[int, str]:
+    return (job.created_at, job.job_id)
+
+
+def place(ctx: Context, pool: str, unit: str, count: int) -> tuple[Placement, ...] | None:
+    """S6: ``count`` slots at once or none; fullest nodes first (keeps whole nodes free), then node id."""
+    state = ctx.state
+    index = state.free_index.get((pool, unit))
+    if index is None:
+        return None
+    placements = []
+    remaining = count
+    for _, node_id in index:
+        node = state.nodes[node_id]
+        free = node.free[unit]
+        take = min(remaining, len(free))
+        slots = tuple(free[:take])
+        gpus = tuple(g for slot in slots for g in node.slots[slot].gpus)
+        placements.append(Placement(node_id=node_id, slots=slots, gpus=gpus))
+        remaining -= take
+        if remaining == 0:
+            return tuple(placements)
+    return None

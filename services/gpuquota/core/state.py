@@ -1,0 +1,361 @@
+"""The scheduler's state, and the journal that lets ``decide`` stay pure.
+
+Theory of operation
+-------------------
+The state is one aggregate for everything the scheduler owns: resources, nodes, jobs and the indexes
+the scheduling pass needs (per-share queues in scheduling order, usage counters, free slots). It is
+built only by ``evolve``, one event at a time, so folding the log rebuilds it exactly.
+
+For speed the state is mutable: copying an aggregate that holds a million queued jobs for every input
+would cost far more than deciding. Purity is kept at the boundary instead. Every mutation goes
+through the few ``Journal`` helpers below; ``decide`` opens a journal, applies the events it decides
+(so that later decisions of the same input see earlier ones), and rolls the journal back before it
+returns. ``decide(state, input)`` therefore leaves ``state`` exactly as it found it, which the
+property tests check with ``fingerprint``.
+
+Invariant: nothing outside ``gpuquota.core.evolve`` mutates a ``ClusterState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from gpuquota.wire.base import (
+    JobQueueSpec,
+    JobSpec,
+    JobStatus,
+    Placement,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    SlotOffer,
+)
+
+QueueKey = tuple[int, int, str]
+"""A RUNNABLE job's place in its share: (-priority, created_at, job_id); smallest runs first (S3.1)."""
+
+ShareKey = tuple[str, str]
+"""(job queue name, quota share name): share names are unique within their queue."""
+
+
+class Journal:
+    """Records how to undo each mutation while a ``decide`` is in progress."""
+
+    __slots__ = ("undo",)
+
+    def __init__(self) -> None:
+        self.undo: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def rollback(self) -> None:
+        for fn, args in reversed(self.undo):
+            fn(*args)
+        self.undo.clear()
+
+
+class Mutable:
+    """Base of state records: attribute writes are journalled when a journal is open."""
+
+    __slots__ = ("_journal",)
+
+    def __init__(self, journal: list[Journal | None]) -> None:
+        self._journal = journal
+
+    def put(self, name: str, value: Any) -> None:
+        journal = self._journal[0]
+        if journal is not None:
+            journal.undo.append((setattr, (self, name, getattr(self, name))))
+        setattr(self, name, value)
+
+
+class JobRecord(Mutable):
+    """The scheduler's view of one non-terminal job."""
+
+    __slots__ = (
+        "attempt_id",
+        "attempt_number",
+        "count",
+        "created_at",
+        "dispatch_seq",
+        "failures",
+        "job_id",
+        "placements",
+        "preempted_count",
+        "priority",
+        "runnable_since",
+        "scheduled_at",
+        "share",
+        "spec",
+        "started_at",
+        "status",
+        "status_reason",
+        "stop",
+        "unit",
+    )
+
+    def __init__(self, journal: list[Journal | None], spec: JobSpec, at: int) -> None:
+        super().__init__(journal)
+        self.spec = spec
+        self.job_id = spec.job_id
+        self.share: ShareKey = (spec.job_queue, spec.quota_share)
+        self.unit = spec.unit
+        self.count = spec.count
+        self.created_at = spec.created_at
+        self.priority = spec.priority
+        self.status = JobStatus.RUNNABLE
+        self.status_reason = ""
+        self.attempt_number = 0
+        self.attempt_id: str | None = None
+        self.placements: tuple[Placement, ...] = ()
+        self.failures = 0
+        self.preempted_count = 0
+        self.stop: StopInfo | None = None
+        self.scheduled_at: int | None = None
+        self.started_at: int | None = None
+        self.dispatch_seq = 0
+        self.runnable_since = at
+
+    @property
+    def queue_key(self) -> QueueKey:
+        return (-self.priority, self.created_at, self.job_id)
+
+    @property
+    def dispatched(self) -> bool:
+        return self.attempt_id is not None
+
+
+class StopInfo:
+    """Why a dispatched job is being stopped; decides its outcome when its node reports it stopped."""
+
+    __slots__ = ("cause", "preemptor", "reason")
+
+    def __init__(self, cause: str, reason: str, preemptor: str | None = None) -> None:
+        self.cause = cause  # PREEMPTED | TERMINATED | TIMEOUT | SHARE_DELETED
+        self.reason = reason
+        self.preemptor = preemptor
+
+
+class ShareRecord(Mutable):
+    __slots__ = ("deleting", "dispatched", "head_since", "key", "queue", "spec", "usage")
+
+    def __init__(self, journal: list[Journal | None], spec: QuotaShareSpec) -> None:
+        super().__init__(journal)
+        self.spec = spec
+        self.key: ShareKey = (spec.job_queue, spec.name)
+        self.deleting = False
+        self.queue: SortedList[QueueKey] = SortedList()
+        self.usage: dict[str, int] = {}
+        self.dispatched: dict[str, set[str]] = {}
+        self.head_since: tuple[str, int] | None = None
+        """(job id, since when) of the job at the head of this share (S5.8 time limits)."""
+
+
+class Hold:
+    """Capacity held for a preemptor while its victims stop (S4.3)."""
+
+    __slots__ = ("count", "job_id", "se", "share", "unit", "victims")
+
+    def __init__(self, job_id: str, se: str, share: ShareKey, unit: str, count: int) -> None:
+        self.job_id = job_id
+        self.se = se
+        self.share = share
+        self.unit = unit
+        self.count = count
+        self.victims: set[str] = set()
+
+
+class NodeRecord(Mutable):
+    __slots__ = ("draining", "free", "last_heartbeat", "node_id", "online", "pool", "slots")
+
+    def __init__(
+        self, journal: list[Journal | None], node_id: str, pool: str, slots: tuple[SlotOffer, ...], at: int
+    ):
+        super().__init__(journal)
+        self.node_id = node_id
+        self.pool = pool
+        self.slots = slots
+        self.online = True
+        self.draining = False
+        self.last_heartbeat = at
+        self.free: dict[str, SortedList[int]] = {}
+        for index, slot in enumerate(slots):
+            self.free.setdefault(slot.unit, SortedList()).add(index)
+
+    @property
+    def usable(self) -> bool:
+        return self.online and not self.draining
+
+
+class ClusterState:
+    """Everything the scheduler knows. Build it with ``ClusterState()`` and ``evolve``, nothing else."""
+
+    def __init__(self, heartbeat_timeout_ms: int = 30_000) -> None:
+        self._journal: list[Journal | None] = [None]
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.policies: dict[str, SchedulingPolicySpec] = {}
+        self.environments: dict[str, ServiceEnvironmentSpec] = {}
+        self.queues: dict[str, JobQueueSpec] = {}
+        self.shares: dict[ShareKey, ShareRecord] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self.holds: dict[str, Hold] = {}
+        self.deadlines: SortedList[tuple[int, str, str]] = SortedList()
+        """(deadline ms, job id, attempt id) of attempts with a ``attemptDurationSeconds`` timeout."""
+        self.pool_slots: dict[str, dict[str, int]] = {}
+        """Per pool and unit: slots on online, non-draining nodes."""
+        self.pool_free: dict[str, dict[str, int]] = {}
+        """Per pool and unit: free slots on online, non-draining nodes."""
+        self.free_index: dict[tuple[str, str], SortedList[tuple[int, str]]] = {}
+        """Per (pool, unit): (free slots, node id) of usable nodes with a free slot, for placement (S6)."""
+        self.dispatch_counter = 0
+        self.applied = 0
+        """How many events have been applied: the log position this state corresponds to."""
+
+    # ----- the journal -------------------------------------------------------------------------
+
+    @contextmanager
+    def trial(self) -> Iterator[None]:
+        """Within the block, mutations are recorded and undone on exit (used by ``decide``)."""
+        if self._journal[0] is not None:
+            raise RuntimeError("nested trial")
+        journal = Journal()
+        self._journal[0] = journal
+        try:
+            yield
+        finally:
+            self._journal[0] = None
+            journal.rollback()
+
+    @property
+    def journal_cell(self) -> list[Journal | None]:
+        return self._journal
+
+    def _record(self, fn: Callable[..., Any], *args: Any) -> None:
+        journal = self._journal[0]
+        if journal is not None:
+            journal.undo.append((fn, args))
+
+    def put(self, name: str, value: Any) -> None:
+        self._record(setattr, self, name, getattr(self, name))
+        setattr(self, name, value)
+
+    def dict_set(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        if key in mapping:
+            self._record(mapping.__setitem__, key, mapping[key])
+        else:
+            self._record(mapping.pop, key)
+        mapping[key] = value
+
+    def child(self, mapping: dict[Any, Any], key: Any, factory: Callable[[], Any]) -> Any:
+        """``mapping[key]``, created with ``factory()`` (journalled) when missing."""
+        if key not in mapping:
+            self.dict_set(mapping, key, factory())
+        return mapping[key]
+
+    def dict_pop(self, mapping: dict[Any, Any], key: Any) -> None:
+        if key in mapping:
+            self._record(mapping.__setitem__, key, mapping.pop(key))
+
+    def dict_add(self, mapping: dict[str, int], key: str, delta: int) -> None:
+        self.dict_set(mapping, key, mapping.get(key, 0) + delta)
+
+    def set_add(self, items: set[Any], item: Any) -> None:
+        if item not in items:
+            self._record(items.discard, item)
+            items.add(item)
+
+    def set_discard(self, items: set[Any], item: Any) -> None:
+        if item in items:
+            self._record(items.add, item)
+            items.discard(item)
+
+    def sorted_add(self, items: SortedList[Any], item: Any) -> None:
+        self._record(items.remove, item)
+        items.add(item)
+
+    def sorted_discard(self, items: SortedList[Any], item: Any) -> None:
+        if item in items:
+            self._record(items.add, item)
+            items.remove(item)
+
+    # ----- read helpers ------------------------------------------------------------------------
+
+    def environment_of_queue(self, queue_name: str) -> ServiceEnvironmentSpec | None:
+        queue = self.queues.get(queue_name)
+        return None if queue is None else self.environments.get(queue.service_environment)
+
+    def shares_of_queue(self, queue_name: str) -> list[ShareRecord]:
+        return [share for key, share in self.shares.items() if key[0] == queue_name]
+
+    def head(self, share: ShareRecord) -> JobRecord | None:
+        queue = share.queue
+        return self.jobs[queue[0][2]] if queue else None
+
+
+def fingerprint(state: ClusterState) -> tuple[Any, ...]:
+    """A comparable summary of every piece of state; equal fingerprints mean equal states."""
+    jobs = tuple(
+        (
+            j.job_id,
+            j.priority,
+            j.status,
+            j.status_reason,
+            j.attempt_id,
+            j.attempt_number,
+            j.placements,
+            j.failures,
+            j.preempted_count,
+            None if j.stop is None else (j.stop.cause, j.stop.reason, j.stop.preemptor),
+            j.scheduled_at,
+            j.started_at,
+            j.dispatch_seq,
+            j.runnable_since,
+        )
+        for j in sorted(state.jobs.values(), key=lambda j: j.job_id)
+    )
+    shares = tuple(
+        (
+            key,
+            s.spec,
+            s.deleting,
+            tuple(s.queue),
+            sorted(s.usage.items()),
+            sorted((u, sorted(ids)) for u, ids in s.dispatched.items()),
+            s.head_since,
+        )
+        for key, s in sorted(state.shares.items())
+    )
+    nodes = tuple(
+        (
+            n.node_id,
+            n.pool,
+            n.slots,
+            n.online,
+            n.draining,
+            n.last_heartbeat,
+            sorted((u, tuple(free)) for u, free in n.free.items()),
+        )
+        for n in sorted(state.nodes.values(), key=lambda n: n.node_id)
+    )
+    holds = tuple(
+        (h.job_id, h.se, h.share, h.unit, h.count, sorted(h.victims))
+        for h in sorted(state.holds.values(), key=lambda h: h.job_id)
+    )
+    return (
+        sorted(state.policies.items()),
+        sorted(state.environments.items()),
+        sorted(state.queues.items()),
+        shares,
+        jobs,
+        nodes,
+        holds,
+        tuple(state.deadlines),
+        sorted((p, sorted(c.items())) for p, c in state.pool_slots.items()),
+        sorted((p, sorted(c.items())) for p, c in state.pool_free.items()),
+        sorted((k, tuple(v)) for k, v in state.free_index.items()),
+        state.dispatch_counter,
+        state.applied,
+    )

@@ -1,0 +1,1 @@
+"""The wire contract: every message gpuquota's services exchange, as frozen pydantic models."""

@@ -1,0 +1,151 @@
+"""Shared pieces of the wire contract: the frozen base model, enums and resource specs.
+
+Every message that crosses a process boundary is a frozen pydantic model with a ``type`` tag and a
+``schema_version``. Times are integers: milliseconds since the Unix epoch, as in the AWS Batch API.
+Resource *specs* are the complete desired configuration of one resource; updates carry the whole new
+spec (the gateway merges partial AWS updates into a full spec before sending it).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+Priority = Annotated[int, Field(ge=0, le=9999)]
+EpochMs = Annotated[int, Field(ge=0)]
+
+
+class Frozen(BaseModel):
+    """Base of every wire model: immutable, and unknown fields are an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Message(Frozen):
+    """Base of every message: an id, a time and a schema version (the ``type`` tag is per class)."""
+
+    event_id: Annotated[str, Field(min_length=1, max_length=256)]
+    occurred_at: EpochMs
+    schema_version: Literal[1] = 1
+
+
+class State(StrEnum):
+    ENABLED = "ENABLED"
+    DISABLED = "DISABLED"
+
+
+class Strategy(StrEnum):
+    RESERVE = "RESERVE"
+    LEND = "LEND"
+    LEND_AND_BORROW = "LEND_AND_BORROW"
+
+
+class JobStatus(StrEnum):
+    SUBMITTED = "SUBMITTED"
+    PENDING = "PENDING"
+    RUNNABLE = "RUNNABLE"
+    SCHEDULED = "SCHEDULED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+DISPATCHED_STATUSES = frozenset({JobStatus.SCHEDULED, JobStatus.STARTING, JobStatus.RUNNING})
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED})
+
+
+class CapacityLimit(Frozen):
+    unit: Annotated[str, Field(min_length=1, max_length=128)]
+    max_capacity: Annotated[int, Field(ge=0)]
+
+
+class SchedulingPolicySpec(Frozen):
+    name: Name
+    idle_resource_assignment_strategy: Literal["FIFO"] = "FIFO"
+    backfill: bool = False
+    """gpuquota extension (S3.2): let later jobs of a share run while its head cannot be placed."""
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class ServiceEnvironmentSpec(Frozen):
+    name: Name
+    state: State = State.ENABLED
+    capacity_limits: tuple[CapacityLimit, ...] = ()
+    pool: Name = "default"
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class TimeLimitAction(Frozen):
+    reason: Annotated[str, Field(min_length=1, max_length=1024)]
+    state: Literal["RUNNABLE"] = "RUNNABLE"
+    max_time_seconds: Annotated[int, Field(ge=1, le=86400)]
+    action: Literal["TERMINATE"] = "TERMINATE"
+
+
+class JobQueueSpec(Frozen):
+    name: Name
+    state: State = State.ENABLED
+    priority: Annotated[int, Field(ge=0, le=1000)] = 1
+    service_environment: Name
+    scheduling_policy: Name
+    time_limit_actions: tuple[TimeLimitAction, ...] = ()
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class QuotaShareSpec(Frozen):
+    name: Name
+    job_queue: Name
+    capacity_limits: Annotated[tuple[CapacityLimit, ...], Field(min_length=1, max_length=5)]
+    strategy: Strategy
+    borrow_limit: Annotated[int, Field(ge=-1)] = -1
+    in_share_preemption: bool = False
+    state: State = State.ENABLED
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    def limit(self, unit: str) -> int | None:
+        for cap in self.capacity_limits:
+            if cap.unit == unit:
+                return cap.max_capacity
+        return None
+
+
+class ExitRule(Frozen):
+    action: Literal["RETRY", "EXIT"]
+    on_status_reason: Annotated[str, Field(max_length=512)] = "*"
+
+
+class JobSpec(Frozen):
+    """Everything the scheduler needs to know about a submitted job."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    job_name: Annotated[str, Field(min_length=1, max_length=128)]
+    job_queue: Name
+    quota_share: Name
+    priority: int = 0
+    unit: Annotated[str, Field(min_length=1, max_length=128)]
+    count: Annotated[int, Field(ge=1)] = 1
+    created_at: EpochMs
+    retry_attempts: Annotated[int, Field(ge=1, le=10)] = 1
+    evaluate_on_exit: Annotated[tuple[ExitRule, ...], Field(max_length=5)] = ()
+    preemption_retries: Annotated[int, Field(ge=0)] | None = None
+    attempt_duration_seconds: Annotated[int, Field(ge=1)] | None = None
+    payload: str = ""
+
+
+class SlotOffer(Frozen):
+    """One instance of ``unit`` that a node offers, with the GPU indices it carries."""
+
+    unit: Annotated[str, Field(min_length=1, max_length=128)]
+    gpus: tuple[int, ...] = ()
+
+
+class Placement(Frozen):
+    """The slots of one node given to one attempt."""
+
+    node_id: str
+    slots: tuple[int, ...]
+    gpus: tuple[int, ...] = ()

@@ -1,0 +1,263 @@
+"""Scheduler events: the facts the core decides (past-tense names). The event log is a list of these.
+
+``evolve(state, event)`` applies one of them; folding the log from an empty state rebuilds the live
+state exactly. Job events carry the job's new ``status`` so that consumers of the job-state topic can
+follow a job without knowing every event type.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from gpuquota.wire.base import (
+    Frozen,
+    JobQueueSpec,
+    JobSpec,
+    JobStatus,
+    Message,
+    Placement,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    SlotOffer,
+)
+
+ResourceStatus = Literal["VALID", "DELETING", "DELETED"]
+
+
+class InputRejected(Message):
+    type: Literal["InputRejected"] = "InputRejected"
+    input_event_id: str
+    input_type: str
+    reason: str
+    job_id: str | None = None
+
+
+class SchedulingPolicyChanged(Message):
+    type: Literal["SchedulingPolicyChanged"] = "SchedulingPolicyChanged"
+    spec: SchedulingPolicySpec
+    status: ResourceStatus = "VALID"
+
+
+class ServiceEnvironmentChanged(Message):
+    type: Literal["ServiceEnvironmentChanged"] = "ServiceEnvironmentChanged"
+    spec: ServiceEnvironmentSpec
+    status: ResourceStatus = "VALID"
+
+
+class JobQueueChanged(Message):
+    type: Literal["JobQueueChanged"] = "JobQueueChanged"
+    spec: JobQueueSpec
+    status: ResourceStatus = "VALID"
+
+
+class QuotaShareChanged(Message):
+    type: Literal["QuotaShareChanged"] = "QuotaShareChanged"
+    spec: QuotaShareSpec
+    status: ResourceStatus = "VALID"
+
+
+class JobAccepted(Message):
+    """SUBMITTED -> RUNNABLE: the job is valid and queued in its share."""
+
+    type: Literal["JobAccepted"] = "JobAccepted"
+    job: JobSpec
+    status: Literal[JobStatus.RUNNABLE] = JobStatus.RUNNABLE
+
+
+class JobDispatched(Message):
+    """RUNNABLE -> SCHEDULED: the job holds ``count`` slots of ``unit`` from now on."""
+
+    type: Literal["JobDispatched"] = "JobDispatched"
+    job_id: str
+    attempt_id: str
+    attempt_number: int
+    unit: str
+    count: int
+    placements: tuple[Placement, ...]
+    phase: Literal["IN_QUOTA", "BORROW", "HOLD"]
+    borrowed: int
+    """How many of the job's instances were above its share's limit when it was dispatched."""
+    status: Literal[JobStatus.SCHEDULED] = JobStatus.SCHEDULED
+
+
+class JobStarting(Message):
+    type: Literal["JobStarting"] = "JobStarting"
+    job_id: str
+    attempt_id: str
+    status: Literal[JobStatus.STARTING] = JobStatus.STARTING
+
+
+class JobRunning(Message):
+    type: Literal["JobRunning"] = "JobRunning"
+    job_id: str
+    attempt_id: str
+    status: Literal[JobStatus.RUNNING] = JobStatus.RUNNING
+
+
+class JobSucceeded(Message):
+    type: Literal["JobSucceeded"] = "JobSucceeded"
+    job_id: str
+    attempt_id: str
+    status_reason: str = "Essential container in task exited"
+    status: Literal[JobStatus.SUCCEEDED] = JobStatus.SUCCEEDED
+
+
+class JobFailed(Message):
+    """Any state -> FAILED. Releases the job's capacity if it held any."""
+
+    type: Literal["JobFailed"] = "JobFailed"
+    job_id: str
+    attempt_id: str | None = None
+    status_reason: str
+    is_terminated: bool = False
+    preempted: bool = False
+    """True when the failure is the outcome of a preemption (retries before termination exhausted)."""
+    status: Literal[JobStatus.FAILED] = JobStatus.FAILED
+
+
+RequeueCause = Literal["RETRY", "PREEMPTED", "NODE_LOST", "HANDED_BACK"]
+
+
+class JobRequeued(Message):
+    """Dispatched -> RUNNABLE: the attempt is over, its capacity is released, the job keeps its place."""
+
+    type: Literal["JobRequeued"] = "JobRequeued"
+    job_id: str
+    attempt_id: str
+    cause: RequeueCause
+    status_reason: str
+    status: Literal[JobStatus.RUNNABLE] = JobStatus.RUNNABLE
+
+
+class PreemptionFigures(Frozen):
+    """The capacity figures at the moment a preemption was decided (unit ``unit`` of the pool)."""
+
+    unit: str
+    preemptor_demand: int
+    pool_capacity: int
+    pool_usage: int
+    reserved_idle: int
+    held: int
+    preemptor_share_usage: int
+    preemptor_share_limit: int
+    victim_share_usage: int
+    victim_share_limit: int
+
+
+PreemptionKind = Literal["CROSS_SHARE", "IN_SHARE"]
+
+
+class JobPreempted(Message):
+    """A preemption decision. The victim keeps its capacity until its node reports it stopped."""
+
+    type: Literal["JobPreempted"] = "JobPreempted"
+    job_id: str
+    attempt_id: str
+    preemptor_job_id: str
+    preemptor_share: str
+    victim_share: str
+    kind: PreemptionKind
+    status_reason: str
+    figures: PreemptionFigures
+
+
+StopCause = Literal["TERMINATED", "TIMEOUT", "SHARE_DELETED"]
+
+
+class JobStopRequested(Message):
+    """The scheduler asks the job's nodes to stop its attempt; capacity is held until they report."""
+
+    type: Literal["JobStopRequested"] = "JobStopRequested"
+    job_id: str
+    attempt_id: str
+    cause: StopCause
+    status_reason: str
+
+
+class JobPriorityChanged(Message):
+    type: Literal["JobPriorityChanged"] = "JobPriorityChanged"
+    job_id: str
+    priority: int
+
+
+class PreemptionHoldReleased(Message):
+    """The capacity held for a preemptor (S4.3) is no longer held."""
+
+    type: Literal["PreemptionHoldReleased"] = "PreemptionHoldReleased"
+    job_id: str
+    reason: str
+
+
+class AttemptFenced(Message):
+    """A node reported an attempt that the scheduler does not assign to it: the node must stop it."""
+
+    type: Literal["AttemptFenced"] = "AttemptFenced"
+    node_id: str
+    job_id: str
+    attempt_id: str
+    reason: str
+
+
+class NodeRegistered(Message):
+    type: Literal["NodeRegistered"] = "NodeRegistered"
+    node_id: str
+    pool: str
+    slots: tuple[SlotOffer, ...]
+
+
+class NodeHeartbeatRecorded(Message):
+    type: Literal["NodeHeartbeatRecorded"] = "NodeHeartbeatRecorded"
+    node_id: str
+
+
+class NodeDraining(Message):
+    type: Literal["NodeDraining"] = "NodeDraining"
+    node_id: str
+
+
+class NodeLost(Message):
+    """The node is gone (missed heartbeats or deregistered); its attempts were requeued first."""
+
+    type: Literal["NodeLost"] = "NodeLost"
+    node_id: str
+    reason: str
+
+
+SchedulerEvent = Annotated[
+    InputRejected
+    | SchedulingPolicyChanged
+    | ServiceEnvironmentChanged
+    | JobQueueChanged
+    | QuotaShareChanged
+    | JobAccepted
+    | JobDispatched
+    | JobStarting
+    | JobRunning
+    | JobSucceeded
+    | JobFailed
+    | JobRequeued
+    | JobPreempted
+    | JobStopRequested
+    | JobPriorityChanged
+    | PreemptionHoldReleased
+    | AttemptFenced
+    | NodeRegistered
+    | NodeHeartbeatRecorded
+    | NodeDraining
+    | NodeLost,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[SchedulerEvent] = TypeAdapter(SchedulerEvent)
+JOB_STATE_EVENTS = (
+    JobAccepted,
+    JobDispatched,
+    JobStarting,
+    JobRunning,
+    JobSucceeded,
+    JobFailed,
+    JobRequeued,
+)

@@ -1,0 +1,173 @@
+"""Scheduler inputs: commands from users and facts reported by node agents (imperative names).
+
+Every input is one member of the ``SchedulerInput`` discriminated union (tag: ``type``). The core's
+``decide(state, input)`` turns each one into zero or more ``SchedulerEvent`` facts; inputs that cannot
+be applied (unknown share, priority out of range, ...) become an ``InputRejected`` event, never an
+exception.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from gpuquota.wire.base import (
+    JobQueueSpec,
+    JobSpec,
+    Message,
+    Name,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    SlotOffer,
+)
+
+
+class CreateSchedulingPolicy(Message):
+    type: Literal["CreateSchedulingPolicy"] = "CreateSchedulingPolicy"
+    spec: SchedulingPolicySpec
+
+
+class UpdateSchedulingPolicy(Message):
+    type: Literal["UpdateSchedulingPolicy"] = "UpdateSchedulingPolicy"
+    spec: SchedulingPolicySpec
+
+
+class DeleteSchedulingPolicy(Message):
+    type: Literal["DeleteSchedulingPolicy"] = "DeleteSchedulingPolicy"
+    name: Name
+
+
+class CreateServiceEnvironment(Message):
+    type: Literal["CreateServiceEnvironment"] = "CreateServiceEnvironment"
+    spec: ServiceEnvironmentSpec
+
+
+class UpdateServiceEnvironment(Message):
+    type: Literal["UpdateServiceEnvironment"] = "UpdateServiceEnvironment"
+    spec: ServiceEnvironmentSpec
+
+
+class DeleteServiceEnvironment(Message):
+    type: Literal["DeleteServiceEnvironment"] = "DeleteServiceEnvironment"
+    name: Name
+
+
+class CreateJobQueue(Message):
+    type: Literal["CreateJobQueue"] = "CreateJobQueue"
+    spec: JobQueueSpec
+
+
+class UpdateJobQueue(Message):
+    type: Literal["UpdateJobQueue"] = "UpdateJobQueue"
+    spec: JobQueueSpec
+
+
+class DeleteJobQueue(Message):
+    type: Literal["DeleteJobQueue"] = "DeleteJobQueue"
+    name: Name
+
+
+class CreateQuotaShare(Message):
+    type: Literal["CreateQuotaShare"] = "CreateQuotaShare"
+    spec: QuotaShareSpec
+
+
+class UpdateQuotaShare(Message):
+    type: Literal["UpdateQuotaShare"] = "UpdateQuotaShare"
+    spec: QuotaShareSpec
+
+
+class DeleteQuotaShare(Message):
+    type: Literal["DeleteQuotaShare"] = "DeleteQuotaShare"
+    job_queue: Name
+    name: Name
+
+
+class SubmitJob(Message):
+    type: Literal["SubmitJob"] = "SubmitJob"
+    job: JobSpec
+
+
+class UpdateJobPriority(Message):
+    type: Literal["UpdateJobPriority"] = "UpdateJobPriority"
+    job_id: str
+    priority: int
+
+
+class TerminateJob(Message):
+    type: Literal["TerminateJob"] = "TerminateJob"
+    job_id: str
+    reason: Annotated[str, Field(max_length=1024)] = "Terminated by user"
+
+
+class RegisterNode(Message):
+    type: Literal["RegisterNode"] = "RegisterNode"
+    node_id: Annotated[str, Field(min_length=1, max_length=256)]
+    pool: Name = "default"
+    slots: tuple[SlotOffer, ...]
+
+
+class NodeHeartbeat(Message):
+    type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
+    node_id: str
+
+
+class DrainNode(Message):
+    type: Literal["DrainNode"] = "DrainNode"
+    node_id: str
+
+
+class DeregisterNode(Message):
+    type: Literal["DeregisterNode"] = "DeregisterNode"
+    node_id: str
+
+
+AttemptStatus = Literal["STARTING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
+
+
+class AttemptReport(Message):
+    """A node agent's report on one attempt; idempotent (keyed by attempt id and status)."""
+
+    type: Literal["AttemptReport"] = "AttemptReport"
+    node_id: str
+    job_id: str
+    attempt_id: str
+    status: AttemptStatus
+    exit_code: int | None = None
+    status_reason: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class Tick(Message):
+    """The passage of time: ``occurred_at`` is *now*. Fires timeouts, heartbeat expiry and time limits."""
+
+    type: Literal["Tick"] = "Tick"
+
+
+SchedulerInput = Annotated[
+    CreateSchedulingPolicy
+    | UpdateSchedulingPolicy
+    | DeleteSchedulingPolicy
+    | CreateServiceEnvironment
+    | UpdateServiceEnvironment
+    | DeleteServiceEnvironment
+    | CreateJobQueue
+    | UpdateJobQueue
+    | DeleteJobQueue
+    | CreateQuotaShare
+    | UpdateQuotaShare
+    | DeleteQuotaShare
+    | SubmitJob
+    | UpdateJobPriority
+    | TerminateJob
+    | RegisterNode
+    | NodeHeartbeat
+    | DrainNode
+    | DeregisterNode
+    | AttemptReport
+    | Tick,
+    Field(discriminator="type"),
+]
+
+INPUT_ADAPTER: TypeAdapter[SchedulerInput] = TypeAdapter(SchedulerInput)
