@@ -1,0 +1,140 @@
+"""The event-store port: an append-only log of (input, events) per pool, with consumer positions.
+
+One ``append`` records one decided input atomically: the input itself, the events ``decide``
+returned for it, and (in the distributed mode) the Kafka position it came from. Each pool's log has
+a sequence number checked on append (``expected_seq``), so a stale owner after a rebalance cannot
+write; an input whose ``event_id`` is already recorded is refused as a duplicate, which makes
+redelivery harmless. Snapshots bound recovery time: state = snapshot + the events after it.
+
+Implementations: ``InMemoryEventStore`` (here, the twin for unit tests), SQLite (embedded mode) and
+PostgreSQL (distributed mode); all pass ``tests/contract/test_event_store.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.inputs import SchedulerInput
+
+
+class EventStoreError(Exception):
+    """Base of the event store's errors."""
+
+
+class StaleWriter(EventStoreError):
+    """``expected_seq`` is not the pool's last sequence: another writer owns the pool now."""
+
+
+class DuplicateInput(EventStoreError):
+    """The input's ``event_id`` is already recorded: it was decided before (a redelivery)."""
+
+
+class TransientStoreError(EventStoreError):
+    """The store is unreachable; retry with a bound, then crash (nothing may act without the log)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where an input was consumed from: the *next* offset to read after it."""
+
+    topic: str
+    partition: int
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One appended entry of a pool's log."""
+
+    seq: int
+    input: SchedulerInput
+    events: tuple[SchedulerEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    seq: int
+    """The log sequence the snapshot includes (records with ``seq`` up to this one)."""
+    schema_version: int
+    state: bytes
+
+
+class EventStore(Protocol):
+    async def append(
+        self,
+        pool: str,
+        expected_seq: int,
+        message: SchedulerInput,
+        events: Sequence[SchedulerEvent],
+        position: Position | None = None,
+    ) -> int:
+        """Record ``message`` and its events as sequence ``expected_seq + 1``; return that sequence."""
+        ...
+
+    async def last_seq(self, pool: str) -> int:
+        """The pool's last sequence (0 for an empty log)."""
+        ...
+
+    async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
+        """Records with ``seq > after_seq`` in order, at most ``limit`` of them."""
+        ...
+
+    async def positions(self, pool: str) -> dict[tuple[str, int], int]:
+        """The next offset to consume per (topic, partition), as recorded with the inputs."""
+        ...
+
+    async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None: ...
+
+    async def latest_snapshot(self, pool: str) -> Snapshot | None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class InMemoryEventStore:
+    """The in-memory twin: same contract, nothing durable."""
+
+    logs: dict[str, list[Record]] = field(default_factory=dict)
+    seen: dict[str, set[str]] = field(default_factory=dict)
+    cursor: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+
+    async def append(
+        self,
+        pool: str,
+        expected_seq: int,
+        message: SchedulerInput,
+        events: Sequence[SchedulerEvent],
+        position: Position | None = None,
+    ) -> int:
+        log = self.logs.setdefault(pool, [])
+        if message.event_id in self.seen.setdefault(pool, set()):
+            raise DuplicateInput(message.event_id)
+        if expected_seq != len(log):
+            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {len(log)}")
+        log.append(Record(len(log) + 1, message, tuple(events)))
+        self.seen[pool].add(message.event_id)
+        if position is not None:
+            self.cursor.setdefault(pool, {})[(position.topic, position.partition)] = position.next_offset
+        return len(log)
+
+    async def last_seq(self, pool: str) -> int:
+        return len(self.logs.get(pool, []))
+
+    async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
+        return self.logs.get(pool, [])[after_seq : after_seq + limit]
+
+    async def positions(self, pool: str) -> dict[tuple[str, int], int]:
+        return dict(self.cursor.get(pool, {}))
+
+    async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
+        self.snapshots[pool] = snapshot
+
+    async def latest_snapshot(self, pool: str) -> Snapshot | None:
+        return self.snapshots.get(pool)
+
+    async def close(self) -> None:
+        pass
