@@ -1,0 +1,98 @@
+"""gpuquota.settings: explicit env var lists, typed values, fail-fast errors naming the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gpuquota.settings as settings_module
+from gpuquota.settings import (
+    SERVICE_SETTINGS,
+    GatewaySettings,
+    NodeAgentSettings,
+    NodeSpec,
+    SchedulerSettings,
+    SettingsError,
+)
+
+KAFKA = {"GPUQUOTA_KAFKA": "kafka:9092"}
+NODE = {**KAFKA, "GPUQUOTA_NODE_ID": "n"}
+DB = {"GPUQUOTA_DATABASE_URL": "postgresql://u:secret-pw@db:5432/gpuquota"}
+
+
+def test_env_var_lists() -> None:
+    assert {
+        "GPUQUOTA_KAFKA",
+        "GPUQUOTA_LOG_LEVEL",
+        "GPUQUOTA_DATABASE_URL",
+        "GPUQUOTA_HOST",
+        "GPUQUOTA_PORT",
+    } == GatewaySettings.ENV_VARS
+    assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == GatewaySettings.REQUIRED_ENV_VARS
+    assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == SchedulerSettings.REQUIRED_ENV_VARS
+    assert {"GPUQUOTA_KAFKA", "GPUQUOTA_NODE_ID"} == NodeAgentSettings.REQUIRED_ENV_VARS
+    for cls in SERVICE_SETTINGS.values():
+        assert all(name.startswith("GPUQUOTA_") for name in cls.ENV_VARS)
+        assert cls.REQUIRED_ENV_VARS <= cls.ENV_VARS
+
+
+def test_every_variable_is_documented() -> None:
+    doc = settings_module.__doc__ or ""
+    for cls in SERVICE_SETTINGS.values():
+        for name in cls.ENV_VARS:
+            assert name in doc, f"{name} missing from the gpuquota.settings docstring"
+
+
+def test_defaults_and_parsing() -> None:
+    gw = GatewaySettings.from_env({**KAFKA, **DB, "GPUQUOTA_PORT": "9000", "UNRELATED": "x"})
+    assert (gw.host, gw.port, gw.log_level) == ("127.0.0.1", 9000, "INFO")
+
+    sched = SchedulerSettings.from_env(
+        {**KAFKA, **DB, "GPUQUOTA_NODES": "node-1:8, node-2:4", "GPUQUOTA_PREEMPTION_GRACE": "2.5"}
+    )
+    assert sched.nodes == (NodeSpec(node_id="node-1", gpus=8), NodeSpec(node_id="node-2", gpus=4))
+    assert sched.preemption_grace == 2.5
+    assert sched.data_dir == Path(".gpuquota")
+
+    agent = NodeAgentSettings.from_env(
+        {"GPUQUOTA_KAFKA": "a:1, b:2", "GPUQUOTA_NODE_ID": "n1", "GPUQUOTA_LOG_LEVEL": "debug"}
+    )
+    assert (agent.kafka, agent.node_id, agent.runtime, agent.gpus) == ("a:1,b:2", "n1", "subprocess", 1)
+    assert agent.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("cls", "env", "bad_key"),
+    [
+        (GatewaySettings, {**DB}, "GPUQUOTA_KAFKA"),
+        (GatewaySettings, {**KAFKA, **DB, "GPUQUOTA_PORT": "http"}, "GPUQUOTA_PORT"),
+        (GatewaySettings, {**KAFKA, **DB, "GPUQUOTA_PORT": "70000"}, "GPUQUOTA_PORT"),
+        (GatewaySettings, {**KAFKA, "GPUQUOTA_DATABASE_URL": "mysql://x/y"}, "GPUQUOTA_DATABASE_URL"),
+        (SchedulerSettings, {**KAFKA, **DB, "GPUQUOTA_NODES": "n1"}, "GPUQUOTA_NODES"),
+        (SchedulerSettings, {**KAFKA, **DB, "GPUQUOTA_NODES": "a:1,a:2"}, "GPUQUOTA_NODES"),
+        (SchedulerSettings, {**KAFKA, **DB, "GPUQUOTA_HEARTBEAT_SECONDS": "0"}, "GPUQUOTA_HEARTBEAT_SECONDS"),
+        (NodeAgentSettings, {**KAFKA}, "GPUQUOTA_NODE_ID"),
+        (NodeAgentSettings, {**KAFKA, "GPUQUOTA_NODE_ID": "bad id"}, "GPUQUOTA_NODE_ID"),
+        (NodeAgentSettings, {**NODE, "GPUQUOTA_RUNTIME": "k8s"}, "GPUQUOTA_RUNTIME"),
+        (NodeAgentSettings, {"GPUQUOTA_KAFKA": "no-port", "GPUQUOTA_NODE_ID": "n"}, "GPUQUOTA_KAFKA"),
+        (NodeAgentSettings, {**NODE, "GPUQUOTA_LOG_LEVEL": "loud"}, "GPUQUOTA_LOG_LEVEL"),
+    ],
+)
+def test_bad_values_fail_fast_naming_the_variable(cls, env, bad_key) -> None:
+    with pytest.raises(SettingsError) as info:
+        cls.from_env(env)
+    assert bad_key in info.value.problems
+    assert str(info.value).startswith(bad_key)
+
+
+def test_database_url_is_not_echoed_in_errors() -> None:
+    with pytest.raises(SettingsError) as info:
+        GatewaySettings.from_env({**KAFKA, "GPUQUOTA_DATABASE_URL": "mysql://u:hunter2@db/x"})
+    assert "hunter2" not in str(info.value)
+
+
+def test_settings_are_immutable() -> None:
+    gw = GatewaySettings.from_env({**KAFKA, **DB})
+    with pytest.raises(ValueError):
+        gw.port = 1  # type: ignore[misc]
