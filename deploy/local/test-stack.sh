@@ -14,7 +14,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 PYTEST="${PYTEST:-$ROOT/.venv/bin/pytest}"
-STACK_DIR="$ROOT/.cache/test-stack"
+# private state per invocation, so concurrent runs in one checkout do not share a broker
+mkdir -p "$ROOT/.cache/test-stack"
+STACK_DIR="$(mktemp -d "$ROOT/.cache/test-stack/run.XXXXXX")"
 export KAFKA_RUN_DIR="$STACK_DIR/kafka"
 export PG_RUN_DIR="$STACK_DIR/postgres"
 TIMINGS="${GPUQUOTA_TIMINGS_FILE:-/dev/null}"
@@ -38,6 +40,11 @@ cleanup() {
   if [ "$started_pg" = 1 ]; then bash deploy/local/postgres.sh stop || true; fi
   if [ "$started_kafka" = 1 ] || [ "$started_pg" = 1 ]; then
     echo "test-stack: teardown took $(elapsed "$t0")s"
+  fi
+  if [ "$rc" = 0 ]; then
+    rm -rf "$STACK_DIR"
+  else
+    echo "test-stack: logs kept in ${STACK_DIR#"$ROOT"/}"
   fi
   exit "$rc"
 }
