@@ -24,8 +24,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from gpuquota.core.quota import Figures, Ledger, share_limit, share_usage
-from gpuquota.core.state import ClusterState, JobRecord, ShareKey
+from gpuquota.core.quota import Figures, Ledger, share_limit, share_usage, usable_slots
+from gpuquota.core.state import JobRecord, ShareKey
 from gpuquota.wire.base import Strategy
 
 VictimKey = tuple[int, int, str]
@@ -64,8 +64,9 @@ class Simulation:
         share_usage_now = base.share_usage - self.removed.get(self.head.share, 0)
         if base.share_max is not None and share_usage_now + k > base.share_max:
             return False
+        # R after the dispatch: a RESERVE head consumes its own share's idle reserve first (S2.4).
         reserved = sum(
-            max(0, limit - (usage - self.removed.get(key, 0)))
+            max(0, limit - (usage - self.removed.get(key, 0) + (k if key == self.head.share else 0)))
             for key, (limit, usage) in self.reserve_usage.items()
         )
         return (
@@ -73,16 +74,6 @@ class Simulation:
             and base.usage - self.removed_total + reserved + k <= base.capacity
             and base.free_slots + self.freed_slots >= k
         )
-
-
-def usable_slots(state: ClusterState, job: JobRecord) -> int:
-    """Slots the job would free on online, non-draining nodes."""
-    total = 0
-    for placement in job.placements:
-        node = state.nodes.get(placement.node_id)
-        if node is not None and node.usable:
-            total += len(placement.slots)
-    return total
 
 
 def find_victims(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuquota.core.state import ClusterState, ShareKey, ShareRecord
+from gpuquota.core.state import ClusterState, Hold, JobRecord, ShareKey, ShareRecord
 from gpuquota.wire.base import ServiceEnvironmentSpec, State, Strategy
 
 
@@ -45,10 +45,41 @@ def share_max_usage(share: ShareRecord, unit: str) -> int | None:
     return own + own * share.spec.borrow_limit // 100
 
 
+def hold_outstanding(state: ClusterState, hold: Hold) -> int:
+    """The part of a hold not yet covered by its victims' own usage.
+
+    While a victim stops it still counts in its share's usage; counting the preemptor's whole demand
+    too would count the same instances twice. A hold therefore adds only what its stopping victims
+    do not already account for, which is its whole demand once they are gone.
+    """
+    jobs = state.jobs
+    covered = sum(jobs[v].count for v in hold.victims if v in jobs)
+    return max(0, hold.count - covered)
+
+
+def hold_slot_claim(state: ClusterState, hold: Hold) -> int:
+    """Free slots a hold protects: its demand less the slots its victims still occupy."""
+    jobs = state.jobs
+    occupied = sum(usable_slots(state, jobs[v]) for v in hold.victims if v in jobs)
+    return max(0, hold.count - occupied)
+
+
+def usable_slots(state: ClusterState, job: JobRecord) -> int:
+    """Slots the job holds on online, non-draining nodes (what stopping it frees for placement)."""
+    total = 0
+    for placement in job.placements:
+        node = state.nodes.get(placement.node_id)
+        if node is not None and node.usable:
+            total += len(placement.slots)
+    return total
+
+
 def held_by(state: ClusterState, share: ShareKey, unit: str, exclude: str | None = None) -> int:
     """Capacity of ``unit`` held for the share's preemptors (S4.3), except ``exclude``'s hold."""
     return sum(
-        h.count for h in state.holds.values() if h.share == share and h.unit == unit and h.job_id != exclude
+        hold_outstanding(state, h)
+        for h in state.holds.values()
+        if h.share == share and h.unit == unit and h.job_id != exclude
     )
 
 
@@ -118,6 +149,8 @@ class Figures:
     share_max: int | None
     free_slots: int
     environment_enabled: bool
+    own_reserved_idle: int = 0
+    """The part of ``reserved_idle`` that is this job's own RESERVE share's idle capacity (S2.4)."""
 
     @property
     def in_quota(self) -> bool:
@@ -130,7 +163,9 @@ class Figures:
 
     @property
     def within_capacity(self) -> bool:
-        return self.usage + self.reserved_idle + self.demand <= self.capacity
+        """S2.5 after the dispatch: a RESERVE share's job first uses its own share's idle reserve."""
+        reserved_after = self.reserved_idle - min(self.demand, self.own_reserved_idle)
+        return self.usage + reserved_after + self.demand <= self.capacity
 
     @property
     def placeable(self) -> bool:
@@ -186,12 +221,18 @@ class Ledger:
                 return cached[1]
             exclude = None
         held = sum(held_by(state, s.key, unit, exclude) for s in self.shares)
+        # Slots freed by stopping victims are for their preemptor: others see them as taken.
+        claims = sum(
+            hold_slot_claim(state, h)
+            for h in state.holds.values()
+            if h.se == self.environment.name and h.unit == unit and h.job_id != exclude
+        )
         totals = Totals(
             capacity=pool_capacity(state, self.environment, unit),
             usage=sum(s.usage.get(unit, 0) for s in self.shares) + held,
             reserved_idle=reserved_idle(state, self.shares, unit, exclude),
             held=held,
-            free_slots=free_slots(state, self.environment.pool, unit) - held,
+            free_slots=free_slots(state, self.environment.pool, unit) - claims,
             enabled=self.environment.state is State.ENABLED,
         )
         if cacheable:
@@ -200,6 +241,9 @@ class Ledger:
 
     def figures(self, share: ShareRecord, unit: str, demand: int, exclude: str | None = None) -> Figures:
         totals = self.totals(unit, exclude)
+        usage = share_usage(self.state, share, unit, exclude)
+        limit = share_limit(share, unit)
+        own_reserved = max(0, limit - usage) if share.spec.strategy is Strategy.RESERVE else 0
         return Figures(
             unit=unit,
             demand=demand,
@@ -207,9 +251,10 @@ class Ledger:
             usage=totals.usage,
             reserved_idle=totals.reserved_idle,
             held=totals.held,
-            share_usage=share_usage(self.state, share, unit, exclude),
-            share_limit=share_limit(share, unit),
+            share_usage=usage,
+            share_limit=limit,
             share_max=share_max_usage(share, unit),
             free_slots=totals.free_slots,
             environment_enabled=totals.enabled,
+            own_reserved_idle=own_reserved,
         )
