@@ -304,8 +304,9 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
     if old is not None:
         _withdraw(state, old)
     node = NodeRecord(state.journal_cell, event.node_id, event.pool, event.slots, event.occurred_at)
-    if old is not None:
-        # Same slots (decide checks it): attempts still placed on the node keep their slots.
+    if old is not None and old.slots == event.slots:
+        # Attempts still placed on the node keep their slots. With different slots the node holds no
+        # attempts (decide checks it), so every new slot is free (S7.1).
         for unit, free in old.free.items():
             node.free[unit] = free.copy()
     state.dict_set(state.nodes, node.node_id, node)
