@@ -50,8 +50,23 @@ ensure_installed() {
     [ "$(id -u)" = 0 ] || die "PostgreSQL is not installed and we are not root: apt-get install -y postgresql"
     t0="$(now)"
     log "installing Debian's postgresql package (apt-get)"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >&2
+    # no default 'main' cluster on :5432, and no service start by the package scripts: we only
+    # want the binaries (a started cluster would be a stray server nobody stops)
+    mkdir -p /etc/postgresql-common/createcluster.d
+    echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/gpuquota-no-main-cluster.conf
+    local policy_added=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+      chmod +x /usr/sbin/policy-rc.d
+      policy_added=1
+    fi
+    local rc=0
+    {
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
+    } >&2 || rc=$?
+    [ "$policy_added" = 1 ] && rm -f /usr/sbin/policy-rc.d
+    [ "$rc" = 0 ] || die "apt-get install postgresql failed (exit $rc)"
     log "apt-get install postgresql took $(elapsed "$t0")s"
     [ -n "$(pg_bindir)" ] || die "postgresql installed but no initdb under /usr/lib/postgresql/*/bin"
   fi
