@@ -9,8 +9,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
 PYTEST_ARGS ?=
 # mypy needs at least one .py file per directory argument; skip empty ones.
-MYPY_PATHS := services/gpuquota $(foreach d,tests benchmarks,$(if $(shell find $(d) -name '*.py' -print -quit 2>/dev/null),$(d)))
-LINT_PATHS := services tests benchmarks
+MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
+LINT_PATHS := $(wildcard services tests benchmarks)
 
 .PHONY: help install test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
