@@ -1,0 +1,200 @@
+"""The event store of the distributed mode: PostgreSQL through an asyncpg pool.
+
+Theory of operation
+-------------------
+The schema is the packaged migrations (``0001_event_log.sql``, ``0002_input_log.sql``), applied by
+``connect``. The log is the ``inputs`` table: one row per decided input, holding the input and its
+events as jsonb, keyed by ``(pool, input_seq)``; ``input_seq`` is the store's ``seq``. Each event is
+also written to ``events`` (per-pool event position, unique ``event_id``, the input it came from),
+where it can be queried and where a decided event id can never be recorded twice.
+
+``append`` is ONE statement (so one implicit transaction and one round trip): data-modifying CTEs
+insert the input row, its event rows and the consumer position, all or nothing. The checks are the
+database's constraints, so they also hold between processes:
+
+* sequence: the input row is ``(pool, expected_seq + 1)``, inserted only if row ``expected_seq``
+  exists (no gaps); a second writer with the same ``expected_seq`` violates the primary key. It
+  waits on the first writer's index entry and fails when that one commits: exactly one wins.
+* duplicate: ``inputs.input_id`` is unique (across pools).
+
+Any failed append is classified afterwards by asking whether ``input_id`` is recorded: if it is,
+the input is a duplicate (also when the writer was stale, as the in-memory twin does); otherwise the
+writer was stale. Connection failures become ``TransientStoreError``; after one the append may or may
+not have committed, and a retry then answers ``DuplicateInput`` if it had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import asyncpg
+
+from gpuquota.adapters.event_store import (
+    DuplicateInput,
+    EventStoreError,
+    Position,
+    Record,
+    Snapshot,
+    StaleWriter,
+    TransientStoreError,
+)
+from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
+from gpuquota.adapters.migrate import apply_migrations
+from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.inputs import SchedulerInput
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+)
+
+_APPEND = """
+WITH ins AS (
+    INSERT INTO inputs
+        (pool, input_seq, input_id, source_topic, source_partition, source_offset, data, events)
+    SELECT $1, $2::bigint + 1, $3, $4::text, $5::int, $6::bigint - 1, $7::jsonb, $8::jsonb
+    WHERE $2::bigint = 0 OR EXISTS (SELECT 1 FROM inputs WHERE pool = $1 AND input_seq = $2::bigint)
+    RETURNING input_seq, events
+), evs AS (
+    INSERT INTO events (pool, seq, event_id, event_type, schema_version, occurred_at, data, input_seq)
+    SELECT $1, base.seq + e.n, e.data->>'event_id', e.data->>'type',
+           (e.data->>'schema_version')::smallint,
+           to_timestamp((e.data->>'occurred_at')::bigint / 1000.0), e.data, ins.input_seq
+    FROM ins,
+         (SELECT COALESCE(MAX(seq), 0) AS seq FROM events WHERE pool = $1) AS base,
+         jsonb_array_elements(ins.events) WITH ORDINALITY AS e(data, n)
+), pos AS (
+    INSERT INTO consumer_positions (pool, topic, partition, next_offset)
+    SELECT $1, $4::text, $5::int, $6::bigint FROM ins WHERE $4::text IS NOT NULL
+    ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset
+)
+SELECT input_seq FROM ins
+"""
+
+_READ = """
+SELECT input_seq, data, events FROM inputs
+WHERE pool = $1 AND input_seq > $2 ORDER BY input_seq LIMIT $3
+"""
+
+
+@contextmanager
+def _transient() -> Iterator[None]:
+    try:
+        yield
+    except TRANSIENT_ERRORS as exc:
+        raise TransientStoreError(f"postgres: {exc!r}") from exc
+
+
+class PostgresEventStore:
+    """``EventStore`` on PostgreSQL. Create it with ``await PostgresEventStore.connect(dsn)``."""
+
+    def __init__(self, pool: Any, keep_snapshots: int = 2) -> None:
+        self._pool = pool
+        self._keep_snapshots = max(1, keep_snapshots)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 4,
+        migrate: bool = True,
+        keep_snapshots: int = 2,
+    ) -> PostgresEventStore:
+        """Opens a pool (tables in ``schema`` if given, which must exist) and applies the migrations."""
+        settings = {} if schema is None else {"search_path": '"' + schema.replace('"', '""') + '"'}
+        with _transient():
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, server_settings=settings
+            )
+        store = cls(pool, keep_snapshots)
+        if migrate:
+            try:
+                with _transient():
+                    async with pool.acquire() as conn:
+                        await apply_migrations(conn)
+            except BaseException:
+                await pool.close()
+                raise
+        return store
+
+    async def append(
+        self,
+        pool: str,
+        expected_seq: int,
+        message: SchedulerInput,
+        events: Sequence[SchedulerEvent],
+        position: Position | None = None,
+    ) -> int:
+        source: tuple[str | None, int | None, int | None] = (None, None, None)
+        if position is not None:
+            source = (position.topic, position.partition, position.next_offset)
+        args = (pool, expected_seq, message.event_id, *source, encode_input(message), encode_events(events))
+        with _transient():
+            try:
+                seq = await self._pool.fetchval(_APPEND, *args)
+            except asyncpg.UniqueViolationError as exc:
+                await self._refuse(pool, expected_seq, message.event_id, exc.constraint_name)
+            if seq is None:
+                await self._refuse(pool, expected_seq, message.event_id, None)
+        return int(seq)
+
+    async def _refuse(self, pool: str, expected_seq: int, input_id: str, constraint: str | None) -> NoReturn:
+        """Raises the error that explains why an append did not insert its row."""
+        sql = "SELECT EXISTS (SELECT 1 FROM inputs WHERE input_id = $1)"
+        if await self._pool.fetchval(sql, input_id):
+            raise DuplicateInput(input_id)
+        if constraint == "events_event_id_key":
+            raise EventStoreError(f"pool {pool}: an event id of input {input_id} is already recorded")
+        last = await self.last_seq(pool)
+        raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
+
+    async def last_seq(self, pool: str) -> int:
+        sql = "SELECT COALESCE(MAX(input_seq), 0) FROM inputs WHERE pool = $1"
+        with _transient():
+            return int(await self._pool.fetchval(sql, pool))
+
+    async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
+        with _transient():
+            rows = await self._pool.fetch(_READ, pool, after_seq, limit)
+        return [decode_record(row[0], row[1], row[2]) for row in rows]
+
+    async def positions(self, pool: str) -> dict[tuple[str, int], int]:
+        sql = "SELECT topic, partition, next_offset FROM consumer_positions WHERE pool = $1"
+        with _transient():
+            rows = await self._pool.fetch(sql, pool)
+        return {(row[0], row[1]): row[2] for row in rows}
+
+    async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
+        with _transient():
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    """INSERT INTO snapshots (pool, seq, schema_version, state) VALUES ($1, $2, $3, $4)
+                       ON CONFLICT (pool, seq) DO UPDATE
+                       SET schema_version = EXCLUDED.schema_version, state = EXCLUDED.state,
+                           created_at = now()""",
+                    pool, snapshot.seq, snapshot.schema_version, snapshot.state,
+                )  # fmt: skip
+                # keep the newest few: an older one is only useful if the newest cannot be loaded
+                await conn.execute(
+                    """DELETE FROM snapshots WHERE pool = $1 AND seq NOT IN
+                       (SELECT seq FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT $2)""",
+                    pool, self._keep_snapshots,
+                )  # fmt: skip
+
+    async def latest_snapshot(self, pool: str) -> Snapshot | None:
+        sql = "SELECT seq, schema_version, state FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT 1"
+        with _transient():
+            row = await self._pool.fetchrow(sql, pool)
+        return None if row is None else Snapshot(seq=row[0], schema_version=row[1], state=bytes(row[2]))
+
+    async def close(self) -> None:
+        await self._pool.close()

@@ -1,0 +1,64 @@
+"""Serialization of the core's ``ClusterState`` for snapshots: a version header, then a pickle.
+
+The state is a graph of slotted objects, sorted lists and frozen wire models; pickle keeps it exact
+(including the journal cell the records share) and fast. The format is tied to the classes in
+``gpuquota.core.state``: bump ``SNAPSHOT_SCHEMA_VERSION`` whenever a change to them (new slots,
+renamed attributes, different index types) would make an old snapshot load into a wrong state.
+``load_state`` refuses any other version with ``SnapshotVersionMismatch``; the caller then ignores
+the snapshot and rebuilds the state by replaying the log.
+
+Unpickling runs code named by the data: load only snapshots this service wrote to its own store.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+
+from gpuquota.adapters.event_store import EventStoreError
+from gpuquota.core import ClusterState
+
+SNAPSHOT_SCHEMA_VERSION = 1
+
+MAGIC = b"GPQSNAP"
+_HEADER = struct.Struct(">7sH")  # magic, version (unsigned 16 bit, big endian)
+
+
+class SnapshotError(EventStoreError):
+    """The bytes are not a snapshot this code can load; rebuild the state from the log."""
+
+
+class SnapshotVersionMismatch(SnapshotError):
+    """The snapshot was written with another ``SNAPSHOT_SCHEMA_VERSION``."""
+
+
+def dump_state(state: ClusterState) -> bytes:
+    """The state as snapshot bytes. Call it between inputs, never inside a ``decide`` trial."""
+    if state.journal_cell[0] is not None:
+        raise SnapshotError("cannot snapshot a state while a decide trial is open")
+    header = _HEADER.pack(MAGIC, SNAPSHOT_SCHEMA_VERSION)
+    return header + pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def snapshot_version(data: bytes) -> int:
+    """The version in the header; ``SnapshotError`` if there is no snapshot header."""
+    if len(data) < _HEADER.size:
+        raise SnapshotError(f"not a gpuquota snapshot: {len(data)} bytes, shorter than the header")
+    magic, version = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise SnapshotError(f"not a gpuquota snapshot: header starts {bytes(data[:7])!r}")
+    return int(version)
+
+
+def load_state(data: bytes) -> ClusterState:
+    """The state saved by ``dump_state``; refuses snapshots of another schema version."""
+    version = snapshot_version(data)
+    if version != SNAPSHOT_SCHEMA_VERSION:
+        raise SnapshotVersionMismatch(
+            f"snapshot schema version {version}, this code reads {SNAPSHOT_SCHEMA_VERSION}: "
+            "ignore the snapshot and rebuild the state from the log"
+        )
+    state = pickle.loads(data[_HEADER.size :])
+    if not isinstance(state, ClusterState):
+        raise SnapshotError(f"snapshot holds a {type(state).__name__}, not a ClusterState")
+    return state

@@ -1,0 +1,240 @@
+"""The event store of the embedded mode: one SQLite file, stdlib ``sqlite3``.
+
+Theory of operation
+-------------------
+``sqlite3`` blocks, so every call runs on one private worker thread that owns the connection; the
+event loop only awaits. One thread also means calls of one store object run one after another.
+
+``append`` is one ``BEGIN IMMEDIATE`` transaction: it takes SQLite's write lock *before* reading,
+so the duplicate check (``input_id`` recorded?) and the sequence check (is the pool's last
+``seq`` still ``expected_seq``?) cannot be overtaken by another connection to the same file before
+the insert. ``PRIMARY KEY (pool, seq)`` and ``UNIQUE (input_id)`` back the checks up.
+
+Each row of ``inputs`` holds one input and the events decided for it (JSON), so reading the log is
+one indexed range scan per page. The file runs in WAL mode with ``synchronous=NORMAL``: a commit
+survives a crash of the process, but the last commits before an OS crash or power loss may be lost
+(the inputs are then redelivered from Kafka and decided again).
+
+The schema version is ``PRAGMA user_version``; ``open`` creates the schema in an empty file and
+refuses a file written by a newer schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from gpuquota.adapters.event_store import (
+    DuplicateInput,
+    EventStoreError,
+    Position,
+    Record,
+    Snapshot,
+    StaleWriter,
+    TransientStoreError,
+)
+from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
+from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.inputs import SchedulerInput
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE inputs (
+    pool             TEXT    NOT NULL,
+    seq              INTEGER NOT NULL CHECK (seq >= 1),
+    input_id         TEXT    NOT NULL UNIQUE,
+    source_topic     TEXT,
+    source_partition INTEGER,
+    source_offset    INTEGER,
+    data             TEXT    NOT NULL,
+    events           TEXT    NOT NULL,
+    PRIMARY KEY (pool, seq)
+) WITHOUT ROWID;
+CREATE TABLE consumer_positions (
+    pool        TEXT    NOT NULL,
+    topic       TEXT    NOT NULL,
+    partition   INTEGER NOT NULL CHECK (partition >= 0),
+    next_offset INTEGER NOT NULL CHECK (next_offset >= 0),
+    PRIMARY KEY (pool, topic, partition)
+) WITHOUT ROWID;
+CREATE TABLE snapshots (
+    pool           TEXT    NOT NULL,
+    seq            INTEGER NOT NULL CHECK (seq >= 0),
+    schema_version INTEGER NOT NULL,
+    state          BLOB    NOT NULL,
+    PRIMARY KEY (pool, seq)
+);
+"""
+
+
+class SqliteEventStore:
+    """``EventStore`` on one SQLite file. Create it with ``await SqliteEventStore.open(path)``."""
+
+    def __init__(self, executor: ThreadPoolExecutor, conn: sqlite3.Connection, keep_snapshots: int) -> None:
+        self._executor = executor
+        self._conn = conn
+        self._keep_snapshots = keep_snapshots
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str | Path, *, keep_snapshots: int = 2) -> SqliteEventStore:
+        """Opens (creating the file and schema if needed); keeps the newest ``keep_snapshots`` per pool."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-event-store")
+        try:
+            conn = await asyncio.get_running_loop().run_in_executor(executor, _connect, str(path))
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(executor, conn, max(1, keep_snapshots))
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._conn)
+        except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk I/O error, ...
+            raise TransientStoreError(f"sqlite: {exc}") from exc
+
+    async def append(
+        self,
+        pool: str,
+        expected_seq: int,
+        message: SchedulerInput,
+        events: Sequence[SchedulerEvent],
+        position: Position | None = None,
+    ) -> int:
+        row = (encode_input(message), encode_events(events))
+        input_id = message.event_id
+        return await self._call(lambda conn: _append(conn, pool, expected_seq, input_id, row, position))
+
+    async def last_seq(self, pool: str) -> int:
+        return await self._call(lambda conn: _last_seq(conn, pool))
+
+    async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
+        return await self._call(lambda conn: _read(conn, pool, after_seq, limit))
+
+    async def positions(self, pool: str) -> dict[tuple[str, int], int]:
+        sql = "SELECT topic, partition, next_offset FROM consumer_positions WHERE pool = ?"
+        rows = await self._call(lambda conn: conn.execute(sql, (pool,)).fetchall())
+        return {(topic, partition): offset for topic, partition, offset in rows}
+
+    async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
+        await self._call(lambda conn: _save_snapshot(conn, pool, snapshot, self._keep_snapshots))
+
+    async def latest_snapshot(self, pool: str) -> Snapshot | None:
+        sql = "SELECT seq, schema_version, state FROM snapshots WHERE pool = ? ORDER BY seq DESC LIMIT 1"
+        row = await self._call(lambda conn: conn.execute(sql, (pool,)).fetchone())
+        return None if row is None else Snapshot(seq=row[0], schema_version=row[1], state=bytes(row[2]))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
+        self._executor.shutdown(wait=True)
+
+
+# ----- worker-thread functions ---------------------------------------------------------------
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; append issues BEGIN IMMEDIATE itself.
+    conn = sqlite3.connect(path, timeout=10.0, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        _ensure_schema(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _ensure_schema(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one creates, one waits
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version != SCHEMA_VERSION:
+            raise EventStoreError(f"sqlite event store schema is {version}; this code knows {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _last_seq(conn: sqlite3.Connection, pool: str) -> int:
+    row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM inputs WHERE pool = ?", (pool,)).fetchone()
+    return int(row[0])
+
+
+def _append(
+    conn: sqlite3.Connection,
+    pool: str,
+    expected_seq: int,
+    input_id: str,
+    row: tuple[str, str],
+    position: Position | None,
+) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("SELECT 1 FROM inputs WHERE input_id = ?", (input_id,)).fetchone():
+            raise DuplicateInput(input_id)
+        last = _last_seq(conn, pool)
+        if last != expected_seq:
+            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
+        source = (
+            (None, None, None)
+            if position is None
+            else (position.topic, position.partition, position.next_offset - 1)
+        )
+        conn.execute(
+            "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
+            " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (pool, expected_seq + 1, input_id, *source, *row),
+        )
+        if position is not None:
+            conn.execute(
+                "INSERT INTO consumer_positions (pool, topic, partition, next_offset) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
+                (pool, position.topic, position.partition, position.next_offset),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return expected_seq + 1
+
+
+def _read(conn: sqlite3.Connection, pool: str, after_seq: int, limit: int) -> list[Record]:
+    rows = conn.execute(
+        "SELECT seq, data, events FROM inputs WHERE pool = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (pool, after_seq, limit),
+    ).fetchall()
+    return [decode_record(seq, data, events) for seq, data, events in rows]
+
+
+def _save_snapshot(conn: sqlite3.Connection, pool: str, snapshot: Snapshot, keep: int) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "INSERT OR REPLACE INTO snapshots (pool, seq, schema_version, state) VALUES (?, ?, ?, ?)",
+            (pool, snapshot.seq, snapshot.schema_version, snapshot.state),
+        )
+        conn.execute(
+            "DELETE FROM snapshots WHERE pool = ? AND seq NOT IN"
+            " (SELECT seq FROM snapshots WHERE pool = ? ORDER BY seq DESC LIMIT ?)",
+            (pool, pool, keep),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
