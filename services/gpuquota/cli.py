@@ -28,14 +28,31 @@ def _not_implemented(args: argparse.Namespace) -> int:
     return NOT_IMPLEMENTED
 
 
+def _node_agent(args: argparse.Namespace) -> int:
+    from gpuquota.node_agent.main import run
+
+    return run(args)
+
+
+def _node_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpuquota.node_agent.main import configure
+
+    configure(parser)
+
+
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
     "gateway": ("run the HTTP gateway (GPUQUOTA_* env vars)", _not_implemented),
     "scheduler": ("run the scheduler for one pool (GPUQUOTA_* env vars)", _not_implemented),
-    "node-agent": ("run the agent of one GPU node (GPUQUOTA_* env vars)", _not_implemented),
+    "node-agent": ("run the agent of one GPU node (flags or GPUQUOTA_* env vars)", _node_agent),
     "up": ("run a whole local deployment in one process", _not_implemented),
     "demo": ("run the end-to-end demo", _not_implemented),
+}
+
+#: subcommand -> adds its flags to its parser
+ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "node-agent": _node_agent_arguments,
 }
 
 
@@ -43,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuquota", description="Self-hosted GPU job scheduler.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, _) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name in ARGUMENTS:
+            ARGUMENTS[name](command_parser)
     return parser
 
 

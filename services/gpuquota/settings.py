@@ -20,8 +20,10 @@ GPUQUOTA_HEARTBEAT_SECONDS     node heartbeat period in seconds (default 5)     
 GPUQUOTA_DATA_DIR              local state directory (default ``.gpuquota``)            scheduler, node-agent
 GPUQUOTA_NODE_ID               this node's id (required)                                node-agent
 GPUQUOTA_GPUS                  number of GPUs this node offers (default 1)              node-agent
-GPUQUOTA_RUNTIME               how jobs run: ``subprocess`` or ``fake`` (default        node-agent
-                               ``subprocess``)
+GPUQUOTA_SLOTS                 offered instances ``ml.g5.xlarge=3,...`` (default:       node-agent
+                               ``ml.g5.xlarge=<GPUQUOTA_GPUS>``)
+GPUQUOTA_RUNTIME               how jobs run: ``process`` or ``simulated`` (aliases      node-agent
+                               ``subprocess``, ``fake``; default ``subprocess``)
 =============================  ======================================================  =========
 """
 
@@ -167,17 +169,29 @@ class SchedulerSettings(_DatabaseSettings):
 class NodeAgentSettings(_Settings):
     """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
 
-    Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_RUNTIME,
-    GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR, GPUQUOTA_LOG_LEVEL.
+    Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
+    GPUQUOTA_RUNTIME, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
+    GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means ``process`` and ``fake`` means ``simulated``
+    (see :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
     """
 
     node_id: Name
     pool: Name = "default"
     gpus: Annotated[int, Field(ge=1, le=1024)] = 1
-    runtime: Literal["subprocess", "fake"] = "subprocess"
+    slots: str = ""
+    runtime: Literal["process", "simulated", "subprocess", "fake"] = "subprocess"
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
+
+    @property
+    def runtime_kind(self) -> Literal["process", "simulated"]:
+        return "simulated" if self.runtime in ("simulated", "fake") else "process"
+
+    @property
+    def slot_spec(self) -> str:
+        """The ``--slots`` spec: ``slots``, or one ``ml.g5.xlarge`` per GPU when unset."""
+        return self.slots.strip() or f"ml.g5.xlarge={self.gpus}"
 
 
 #: settings class per service command (``gpuquota <command>``)
