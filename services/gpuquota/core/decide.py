@@ -41,7 +41,7 @@ def decide(state: ClusterState, message: SchedulerInput) -> list[SchedulerEvent]
     """The events that follow from ``message``; ``state`` is left unchanged."""
     with state.trial():
         ctx = Context(state, message.event_id, message.occurred_at)
-        if _HANDLERS[type(message)](ctx, message):
+        if _HANDLERS[type(message)](ctx, message) and ctx.dirty != set():
             schedule(ctx)
         return ctx.events
 

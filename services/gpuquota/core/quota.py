@@ -189,7 +189,7 @@ def figures_for(
 
 @dataclass(frozen=True, slots=True)
 class Totals:
-    """Environment-wide figures for one unit."""
+    """Environment-wide figures for one unit, holds included."""
 
     capacity: int
     usage: int
@@ -197,13 +197,15 @@ class Totals:
     held: int
     free_slots: int
     enabled: bool
+    held_by_share: dict[ShareKey, int]
 
 
 class Ledger:
     """The quota figures of one service environment, cached while the state does not change.
 
-    A scheduling pass evaluates every share's head against the same environment totals; the totals
-    are recomputed only after an event has been applied (``state.applied`` moved).
+    A scheduling pass evaluates many heads against the same environment totals; the totals are
+    recomputed only after an event has been applied (``state.applied`` moved). Figures for a job that
+    holds capacity (``exclude``) are derived from the totals by taking its own hold out again.
     """
 
     def __init__(self, state: ClusterState, environment: ServiceEnvironmentSpec) -> None:
@@ -212,49 +214,67 @@ class Ledger:
         self.shares = shares_of_environment(state, environment.name)
         self._totals: dict[str, tuple[int, Totals]] = {}
 
-    def totals(self, unit: str, exclude: str | None = None) -> Totals:
+    def totals(self, unit: str) -> Totals:
         state = self.state
-        cacheable = exclude is None or exclude not in state.holds
-        if cacheable:
-            cached = self._totals.get(unit)
-            if cached is not None and cached[0] == state.applied:
-                return cached[1]
-            exclude = None
-        held = sum(held_by(state, s.key, unit, exclude) for s in self.shares)
-        # Slots freed by stopping victims are for their preemptor: others see them as taken.
-        claims = sum(
-            hold_slot_claim(state, h)
-            for h in state.holds.values()
-            if h.se == self.environment.name and h.unit == unit and h.job_id != exclude
+        cached = self._totals.get(unit)
+        if cached is not None and cached[0] == state.applied:
+            return cached[1]
+        held_by_share: dict[ShareKey, int] = {}
+        claims = 0
+        for hold in state.holds.values():
+            if hold.se == self.environment.name and hold.unit == unit:
+                held_by_share[hold.share] = held_by_share.get(hold.share, 0) + hold_outstanding(state, hold)
+                # Slots freed by stopping victims are for their preemptor: others see them as taken.
+                claims += hold_slot_claim(state, hold)
+        held = sum(held_by_share.values())
+        reserved = sum(
+            max(0, share_limit(s, unit) - s.usage.get(unit, 0) - held_by_share.get(s.key, 0))
+            for s in self.shares
+            if s.spec.strategy is Strategy.RESERVE
         )
         totals = Totals(
             capacity=pool_capacity(state, self.environment, unit),
             usage=sum(s.usage.get(unit, 0) for s in self.shares) + held,
-            reserved_idle=reserved_idle(state, self.shares, unit, exclude),
+            reserved_idle=reserved,
             held=held,
             free_slots=free_slots(state, self.environment.pool, unit) - claims,
             enabled=self.environment.state is State.ENABLED,
+            held_by_share=held_by_share,
         )
-        if cacheable:
-            self._totals[unit] = (state.applied, totals)
+        self._totals[unit] = (state.applied, totals)
         return totals
 
     def figures(self, share: ShareRecord, unit: str, demand: int, exclude: str | None = None) -> Figures:
-        totals = self.totals(unit, exclude)
-        usage = share_usage(self.state, share, unit, exclude)
+        totals = self.totals(unit)
         limit = share_limit(share, unit)
-        own_reserved = max(0, limit - usage) if share.spec.strategy is Strategy.RESERVE else 0
+        held = totals.held_by_share.get(share.key, 0)
+        usage = share.usage.get(unit, 0) + held
+        env_usage, env_held = totals.usage, totals.held
+        reserved, free = totals.reserved_idle, totals.free_slots
+        hold = self.state.holds.get(exclude) if exclude is not None else None
+        is_reserve = share.spec.strategy is Strategy.RESERVE
+        if hold is not None and hold.unit == unit and hold.se == self.environment.name:
+            # The job's own hold protects capacity *for* it: take it out of every figure.
+            outstanding = hold_outstanding(self.state, hold)
+            env_usage -= outstanding
+            env_held -= outstanding
+            free += hold_slot_claim(self.state, hold)
+            if hold.share == share.key:
+                before = max(0, limit - usage)
+                usage -= outstanding
+                if is_reserve:
+                    reserved += max(0, limit - usage) - before
         return Figures(
             unit=unit,
             demand=demand,
             capacity=totals.capacity,
-            usage=totals.usage,
-            reserved_idle=totals.reserved_idle,
-            held=totals.held,
+            usage=env_usage,
+            reserved_idle=reserved,
+            held=env_held,
             share_usage=usage,
             share_limit=limit,
             share_max=share_max_usage(share, unit),
-            free_slots=totals.free_slots,
+            free_slots=free,
             environment_enabled=totals.enabled,
-            own_reserved_idle=own_reserved,
+            own_reserved_idle=max(0, limit - usage) if is_reserve else 0,
         )

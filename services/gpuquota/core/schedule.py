@@ -66,6 +66,18 @@ class EnvironmentPass:
         self.ledger = Ledger(ctx.state, environment)
         self.shares = [s for s in self.ledger.shares if not s.deleting]
         self.backfill = self._backfill_enabled()
+        # Only heads of units the input touched can change (units are independent); backfill looks
+        # past heads, so it revisits every unit.
+        self.units: set[str] | None = None if self.backfill else ctx.dirty  # live: grows as heads change
+        self.scoped = [s for s in self.shares if s.head_since is not None and self.in_scope_share(s)]
+        """Shares whose head is of a unit in scope: the only ones this pass can change."""
+
+    def in_scope_share(self, share: ShareRecord) -> bool:
+        head = self.state.head(share)
+        return head is not None and self.in_scope(head.unit)
+
+    def in_scope(self, unit: str) -> bool:
+        return self.units is None or unit in self.units
 
     def _backfill_enabled(self) -> bool:
         queues = [q for q in self.state.queues.values() if q.service_environment == self.environment.name]
@@ -75,10 +87,16 @@ class EnvironmentPass:
     def run(self) -> None:
         # 0. Holds whose victims are gone: dispatch the preemptor, or let it compete again.
         self.settle_holds()
-        # 1. In-quota phase.
-        blocked_in_quota = self.sweep(in_quota=True)
-        # 2. Borrow phase (FIFO).
-        blocked_borrowing = self.sweep(in_quota=False)
+        while True:
+            dispatched = self.state.dispatch_counter
+            # 1. In-quota phase.
+            blocked_in_quota = self.sweep(in_quota=True)
+            # 2. Borrow phase (FIFO).
+            blocked_borrowing = self.sweep(in_quota=False)
+            # A dispatch may give a share a new head of another unit that is within quota: sweep
+            # again until a round dispatches nothing, so the pass ends at a fixpoint.
+            if self.state.dispatch_counter == dispatched:
+                break
         # 3. Reclaim phase for in-quota heads that did not fit.
         waiting = [job for job in blocked_in_quota if not self.reclaim(job)]
         # 4. In-share phase for every head that still waits.
@@ -89,7 +107,11 @@ class EnvironmentPass:
 
     def settle_holds(self) -> None:
         holds = sorted(
-            (h for h in self.state.holds.values() if h.se == self.environment.name and not h.victims),
+            (
+                h
+                for h in self.state.holds.values()
+                if h.se == self.environment.name and not h.victims and self.in_scope(h.unit)
+            ),
             key=lambda h: h.job_id,
         )
         for hold in holds:
@@ -110,7 +132,7 @@ class EnvironmentPass:
     def candidate(self, share: ShareRecord, in_quota: bool) -> JobRecord | None:
         """The share's head if it belongs to this phase (and holds no preemption)."""
         job = self.state.head(share)
-        if job is None or job.job_id in self.state.holds:
+        if job is None or job.job_id in self.state.holds or not self.in_scope(job.unit):
             return None
         if not in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW:
             return None
@@ -119,7 +141,7 @@ class EnvironmentPass:
     def sweep(self, in_quota: bool) -> list[JobRecord]:
         """Dispatch heads of this phase oldest first while they fit; return the heads that did not."""
         heap: list[tuple[int, str, int]] = []
-        for index, share in enumerate(self.shares):
+        for index, share in enumerate(self.scoped):
             job = self.candidate(share, in_quota)
             if job is not None:
                 heap.append((job.created_at, job.job_id, index))
@@ -128,7 +150,7 @@ class EnvironmentPass:
         phase = "IN_QUOTA" if in_quota else "BORROW"
         while heap:
             _, job_id, index = heapq.heappop(heap)
-            share = self.shares[index]
+            share = self.scoped[index]
             job = self.state.jobs[job_id]
             if self.try_dispatch(job, share, phase):
                 successor = self.candidate(share, in_quota)
@@ -157,7 +179,7 @@ class EnvironmentPass:
     def over_quota_heads(self) -> list[JobRecord]:
         """Heads of RESERVE and LEND shares above their own limit: they wait unless in-share applies."""
         heads = []
-        for share in self.shares:
+        for share in self.scoped:
             if share.spec.strategy is Strategy.LEND_AND_BORROW:
                 continue
             job = self.state.head(share)

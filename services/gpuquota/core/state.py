@@ -291,8 +291,9 @@ class ClusterState:
         return [share for key, share in self.shares.items() if key[0] == queue_name]
 
     def head(self, share: ShareRecord) -> JobRecord | None:
-        queue = share.queue
-        return self.jobs[queue[0][2]] if queue else None
+        """The share's first RUNNABLE job (S3.1); ``evolve`` keeps ``head_since`` naming it."""
+        since = share.head_since
+        return None if since is None else self.jobs[since[0]]
 
 
 def fingerprint(state: ClusterState) -> tuple[Any, ...]:

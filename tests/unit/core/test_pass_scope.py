@@ -1,0 +1,40 @@
+"""The scoped pass (only units an input touched) decides exactly what a full pass decides."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from benchmarks import core as workload
+from gpuquota.core import schedule
+from gpuquota.core.context import Context
+from gpuquota.wire import inputs as inp
+
+
+def recorded_events(full_pass: bool, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    if full_pass:
+        original = schedule.EnvironmentPass.__init__
+
+        def unscoped(self: schedule.EnvironmentPass, ctx: Context, environment: Any) -> None:
+            ctx.dirty = None
+            original(self, ctx, environment)
+
+        monkeypatch.setattr(schedule.EnvironmentPass, "__init__", unscoped)
+    driver = workload.Driver(random.Random(3))
+    workload.setup_cluster(driver)
+    events = []
+    for index in range(1500):
+        events += driver.feed(driver.message(inp.SubmitJob, job=driver.job(index)))
+    for serial in range(1500, 4500):
+        events += driver.feed(workload.next_input(driver, serial))
+    monkeypatch.undo()
+    return [event.model_dump() for event in events]
+
+
+def test_scoped_pass_equals_full_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    scoped = recorded_events(False, monkeypatch)
+    full = recorded_events(True, monkeypatch)
+    assert len(scoped) > 5000
+    assert scoped == full
