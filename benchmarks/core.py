@@ -155,7 +155,8 @@ def next_input(driver: Driver, serial: int) -> Any:
 
 def report(driver: Driver, job_id: str, status: str) -> Any:
     attempt_id, node_id = driver.dispatched[job_id]
-    return driver.message(inp.AttemptReport, node_id=node_id, job_id=job_id, attempt_id=attempt_id, status=status)
+    fields = {"node_id": node_id, "job_id": job_id, "attempt_id": attempt_id, "status": status}
+    return driver.message(inp.AttemptReport, **fields)
 
 
 def pick_dispatched(driver: Driver) -> str:
