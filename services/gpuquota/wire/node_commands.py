@@ -34,6 +34,8 @@ class StopAttempt(Message):
     job_id: str
     attempt_id: str
     reason: str
+    grace_seconds: Annotated[float, Field(ge=0, le=86400)] | None = None
+    """Seconds between SIGTERM and SIGKILL; ``None``: the node agent's ``GPUQUOTA_PREEMPTION_GRACE``."""
 
 
 NodeCommand = Annotated[RunAttempt | StopAttempt, Field(discriminator="type")]
