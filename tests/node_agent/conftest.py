@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -139,10 +140,8 @@ def _kill_recorded(work_dir: Path) -> None:
     for record in (doc.get("attempts") or {}).values():
         pgid = record.get("pgid")
         if pgid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 AgentFactory = Callable[..., NodeAgent]

@@ -72,7 +72,9 @@ async def test_environment_of_the_attempt(make_agent: AgentFactory, tmp_path: Pa
     agent = make_agent(sched, slots="ml.g5.xlarge=1,ml.g5.12xlarge=2")
     await agent.start()
     # slots: 0 = g5.xlarge gpu 0; 1 = g5.12xlarge gpus 1-4; 2 = g5.12xlarge gpus 5-8
-    await agent.deliver(run_cmd(payload, job_id="job-env", attempt_number=2, unit="ml.g5.12xlarge", slots=(2,)))
+    await agent.deliver(
+        run_cmd(payload, job_id="job-env", attempt_number=2, unit="ml.g5.12xlarge", slots=(2,))
+    )
     report = await wait_final(sched, "job-env-a2")
     assert report.status == "SUCCEEDED", report
     env = json.loads(out.read_text())
@@ -155,7 +157,9 @@ async def test_stop_waits_for_the_whole_process_group(make_agent: AgentFactory, 
             time.sleep(0.05)
         """
     )
-    script = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
+    script = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
+    )
     sched = Scheduler()
     agent = make_agent(sched, grace=5)
     await agent.start()
@@ -229,7 +233,9 @@ async def test_unusable_checkpoint_dir_fails_the_attempt(make_agent: AgentFactor
     await agent.deliver(run_cmd(payload))
     report = await wait_final(sched, "job-1-a1")
     assert report.status == "FAILED"
-    assert report.status_reason == f"Checkpoint directory {blocker / 'ckpt'} cannot be created: Not a directory"
+    assert (
+        report.status_reason == f"Checkpoint directory {blocker / 'ckpt'} cannot be created: Not a directory"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
