@@ -40,19 +40,32 @@ def _node_agent_arguments(parser: argparse.ArgumentParser) -> None:
     configure(parser)
 
 
+def _up(args: argparse.Namespace) -> int:
+    from gpuquota.embedded import run_up
+
+    return run_up(args)
+
+
+def _up_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpuquota.embedded import configure_up
+
+    configure_up(parser)
+
+
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
     "gateway": ("run the HTTP gateway (GPUQUOTA_* env vars)", _not_implemented),
     "scheduler": ("run the scheduler for one pool (GPUQUOTA_* env vars)", _not_implemented),
     "node-agent": ("run the agent of one GPU node (flags or GPUQUOTA_* env vars)", _node_agent),
-    "up": ("run a whole local deployment in one process", _not_implemented),
+    "up": ("run a whole local deployment in one process", _up),
     "demo": ("run the end-to-end demo", _not_implemented),
 }
 
 #: subcommand -> adds its flags to its parser
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "node-agent": _node_agent_arguments,
+    "up": _up_arguments,
 }
 
 

@@ -134,6 +134,8 @@ class JobSpec(Frozen):
     preemption_retries: Annotated[int, Field(ge=0)] | None = None
     attempt_duration_seconds: Annotated[int, Field(ge=1)] | None = None
     payload: str = ""
+    tags: dict[str, str] = Field(default_factory=dict)
+    """The job's AWS tags (SubmitServiceJob ``tags``); carried for the read model, not scheduling."""
 
 
 class SlotOffer(Frozen):

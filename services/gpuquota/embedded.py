@@ -1,0 +1,181 @@
+"""The embedded stack (``gpuquota up``): scheduler shell, HTTP gateway and local node agents in one process.
+
+The event log lives in SQLite under ``data_dir`` (``events.sqlite3``), so a restart continues where the
+last run stopped: the shell folds the log back into its state and read model before the gateway
+listens. Node agents talk to the shell directly: their inputs go to ``shell.handle`` and the shell's
+node commands are routed to ``agents[command.node_id].deliver``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
+from gpuquota.arns import ArnFactory
+from gpuquota.gateway import EmbeddedCommandPort, Gateway
+from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
+from gpuquota.readmodel import ReadModel
+from gpuquota.scheduler.shell import SchedulerShell
+from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.node_commands import NodeCommand
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NODES = "ml.g5.xlarge=3"
+STORE_FILE = "events.sqlite3"
+
+
+def node_slots(nodes: str) -> list[tuple[str, tuple[SlotOffer, ...]]]:
+    """One local node per ``UNIT=COUNT`` entry: ``("local-1", slots), ...`` (GPU indices never shared)."""
+    slots = discover_slots(configured=nodes) if nodes.strip() else ()
+    by_unit: dict[str, list[SlotOffer]] = {}
+    for slot in slots:
+        by_unit.setdefault(slot.unit, []).append(slot)
+    return [(f"local-{i}", tuple(unit_slots)) for i, unit_slots in enumerate(by_unit.values(), start=1)]
+
+
+async def open_store(data_dir: Path | None) -> EventStore:
+    if data_dir is None:
+        return InMemoryEventStore()
+    from gpuquota.adapters.sqlite_store import SqliteEventStore
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return await SqliteEventStore.open(data_dir / STORE_FILE)
+
+
+class EmbeddedStack:
+    """Start with ``await stack.start()``; ``stack.url`` is then the gateway's address."""
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = ".gpuquota",
+        host: str = "127.0.0.1",
+        port: int = 8642,
+        nodes: str = DEFAULT_NODES,
+        runtime: str = "process",
+        *,
+        tick_seconds: float = 1.0,
+        heartbeat_seconds: float = 5.0,
+        preemption_grace: float = 30.0,
+        arns: ArnFactory | None = None,
+    ) -> None:
+        self.data_dir = None if data_dir is None else Path(data_dir)
+        self.host = host
+        self.port = port
+        self.nodes = nodes
+        self.runtime = runtime
+        self.tick_seconds = tick_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.preemption_grace = preemption_grace
+        self.arns = arns or ArnFactory()
+        self.store: EventStore | None = None
+        self.shell: SchedulerShell | None = None
+        self.gateway: Gateway | None = None
+        self.agents: dict[str, NodeAgent] = {}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self.store = await open_store(self.data_dir)
+        shell = self.shell = SchedulerShell(self.store, ReadModel(self.arns), tick_seconds=self.tick_seconds)
+        folded = await shell.recover()
+        log.info("recovered %d log records", folded)
+        shell.node_command_sink = self._route
+        await shell.start()
+        self.gateway = Gateway(shell.read_model, EmbeddedCommandPort(shell), clock=shell.clock)
+        self._runner = web.AppRunner(self.gateway.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = int(self._runner.addresses[0][1])
+        runtime = make_runtime(self.runtime)
+        work_root = (self.data_dir or Path(".gpuquota")) / "nodes"
+        for node_id, slots in node_slots(self.nodes):
+            agent = NodeAgent(
+                node_id,
+                "default",
+                slots,
+                runtime,
+                shell.handle,
+                work_root / node_id,
+                heartbeat_seconds=self.heartbeat_seconds,
+                preemption_grace=self.preemption_grace,
+            )
+            self.agents[node_id] = agent
+            await agent.start()
+
+    async def _route(self, command: NodeCommand) -> None:
+        agent = self.agents.get(command.node_id)
+        if agent is None:
+            log.warning("no local agent for node %s: dropped %s", command.node_id, command.type)
+            return
+        await agent.deliver(command)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for agent in self.agents.values():
+            await agent.stop()
+        self.agents.clear()
+        if self.shell is not None:
+            await self.shell.stop()
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+
+# ----- ``gpuquota up`` ----------------------------------------------------------------------------
+
+
+def configure_up(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--data-dir", default=".gpuquota", help="event log and node work directories (default ./.gpuquota)")
+    add("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    add("--port", type=int, default=None, help="HTTP port (GPUQUOTA_PORT, default 8642)")
+    add("--nodes", default=DEFAULT_NODES, help=f'local node agents, e.g. "{DEFAULT_NODES},ml.p4d.24xlarge=1"')
+    add("--runtime", choices=("process", "simulated"), default="process", help="how attempts run")
+    add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")
+    add("--database-url", default=None, help="distributed mode: PostgreSQL URL (GPUQUOTA_DATABASE_URL)")
+
+
+def run_up(args: argparse.Namespace) -> int:
+    if args.kafka or args.database_url or os.environ.get("GPUQUOTA_KAFKA"):
+        print("gpuquota up: distributed mode not implemented yet", file=sys.stderr)
+        return 2
+    port = args.port if args.port is not None else int(os.environ.get("GPUQUOTA_PORT", "8642"))
+    logging.basicConfig(level=os.environ.get("GPUQUOTA_LOG_LEVEL", "INFO"), stream=sys.stderr)
+    stack = EmbeddedStack(args.data_dir, args.host, port, args.nodes, args.runtime)
+    try:
+        asyncio.run(_serve(stack))
+    except (OSError, ValueError) as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(stack: EmbeddedStack) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await stack.start()
+        print(f"gpuquota ready on {stack.url}", flush=True)
+        await stopping.wait()
+    finally:
+        await stack.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,23 @@
+"""The two errors of the AWS Batch API, as exceptions the gateway turns into responses."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    status = 500
+    code = "ServerException"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ClientException(ApiError):
+    """HTTP 400, ``x-amzn-ErrorType: ClientException``: the request is wrong or not allowed now."""
+
+    status = 400
+    code = "ClientException"
+
+
+class ServerException(ApiError):
+    """HTTP 500, ``x-amzn-ErrorType: ServerException``: our fault."""

@@ -1,0 +1,182 @@
+"""Typed access to a request body: every wrong type or missing field becomes a ``ClientException``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from gpuquota.gateway.errors import ClientException
+
+T = TypeVar("T")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+MAX_TAGS = 50
+
+
+class Params:
+    """A JSON object from a request, with checked getters. ``where`` names it in messages."""
+
+    def __init__(self, body: dict[str, Any], where: str = "") -> None:
+        self.body = body
+        self.where = where
+
+    def _path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def has(self, key: str) -> bool:
+        return self.body.get(key) is not None
+
+    def _get(self, key: str, required: bool) -> Any:
+        value = self.body.get(key)
+        if value is None and required:
+            raise ClientException(f"Missing required parameter: {self._path(key)}")
+        return value
+
+    def string(self, key: str, required: bool = False, max_len: int | None = None) -> str | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a string")
+        if max_len is not None and len(value) > max_len:
+            raise ClientException(f"{self._path(key)} must be at most {max_len} characters")
+        return value
+
+    def req_string(self, key: str, max_len: int | None = None) -> str:
+        value = self.string(key, required=True, max_len=max_len)
+        assert value is not None
+        return value
+
+    def name(self, key: str, required: bool = True) -> str | None:
+        value = self.string(key, required=required)
+        if value is not None and not NAME_RE.match(value):
+            raise ClientException(
+                f"{self._path(key)} must be 1 to 128 characters: "
+                "letters, numbers, hyphens (-) and underscores (_)"
+            )
+        return value
+
+    def req_name(self, key: str) -> str:
+        value = self.name(key, required=True)
+        assert value is not None
+        return value
+
+    def integer(
+        self, key: str, required: bool = False, low: int | None = None, high: int | None = None
+    ) -> int | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected an integer")
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = (
+                f"between {low} and {high}"
+                if low is not None and high is not None
+                else (f"at least {low}" if low is not None else f"at most {high}")
+            )
+            raise ClientException(f"{self._path(key)} must be {bounds}, got {value}")
+        return int(value)
+
+    def req_integer(self, key: str, low: int | None = None, high: int | None = None) -> int:
+        value = self.integer(key, required=True, low=low, high=high)
+        assert value is not None
+        return value
+
+    def enum(self, key: str, allowed: Sequence[str], required: bool = False) -> str | None:
+        value = self.string(key, required=required)
+        if value is not None and value not in allowed:
+            raise ClientException(f"{self._path(key)} must be one of {', '.join(allowed)}, got {value}")
+        return value
+
+    def req_enum(self, key: str, allowed: Sequence[str]) -> str:
+        value = self.enum(key, allowed, required=True)
+        assert value is not None
+        return value
+
+    def obj(self, key: str, required: bool = False) -> Params | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected an object")
+        return Params(value, self._path(key))
+
+    def req_obj(self, key: str) -> Params:
+        value = self.obj(key, required=True)
+        assert value is not None
+        return value
+
+    def array(self, key: str, required: bool = False, max_items: int | None = None) -> list[Any] | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a list")
+        if max_items is not None and len(value) > max_items:
+            raise ClientException(f"{self._path(key)} can have at most {max_items} entries")
+        return value
+
+    def objs(self, key: str, required: bool = False, max_items: int | None = None) -> list[Params] | None:
+        items = self.array(key, required, max_items)
+        if items is None:
+            return None
+        out = []
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ClientException(
+                    f"Invalid type for parameter {self._path(key)}[{index}]: expected an object"
+                )
+            out.append(Params(item, f"{self._path(key)}[{index}]"))
+        return out
+
+    def strs(self, key: str, required: bool = False, max_items: int | None = None) -> list[str] | None:
+        items = self.array(key, required, max_items)
+        if items is None:
+            return None
+        if not all(isinstance(item, str) for item in items):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a list of strings")
+        return items
+
+    def tags(self, key: str = "tags") -> dict[str, str] | None:
+        value = self._get(key, False)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a map")
+        return check_tags(value)
+
+
+def check_tags(tags: dict[Any, Any]) -> dict[str, str]:
+    if len(tags) > MAX_TAGS:
+        raise ClientException(f"A resource can have at most {MAX_TAGS} tags")
+    for k, v in tags.items():
+        if not isinstance(k, str) or not 1 <= len(k) <= 128:
+            raise ClientException("Tag keys must be strings of 1 to 128 characters")
+        if not isinstance(v, str) or len(v) > 256:
+            raise ClientException(f"The value of tag {k} must be a string of at most 256 characters")
+    return dict(tags)
+
+
+def paginate(items: Sequence[T], params: Params) -> tuple[list[T], str | None]:
+    """One page of ``items`` for ``maxResults`` (1..100, default 100) and ``nextToken``."""
+    limit = params.integer("maxResults", low=1, high=100) or 100
+    token = params.string("nextToken")
+    start = 0
+    if token:
+        try:
+            start = int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise ClientException("Invalid nextToken") from None
+        if start < 0:
+            raise ClientException("Invalid nextToken")
+    page = list(items[start : start + limit])
+    end = start + len(page)
+    next_token = None
+    if end < len(items):
+        next_token = base64.urlsafe_b64encode(json.dumps({"offset": end}).encode()).decode()
+    return page, next_token

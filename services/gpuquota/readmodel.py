@@ -1,0 +1,513 @@
+"""The read model: what the API shows, projected from the scheduler's events only.
+
+Theory of operation
+-------------------
+``ReadModel.apply(event)`` folds one decided event into AWS-shaped views of scheduling policies,
+service environments, job queues, quota shares and service jobs. Folding the log from an empty read
+model rebuilds it exactly, so the scheduler shell feeds it while deciding and again on recovery.
+
+Besides the projection, the gateway records *pending* states when it sends a command (a share it is
+creating is ``CREATING``, a job it submitted is ``SUBMITTED``), so a Describe right after a write never
+says "does not exist"; the event that follows replaces the pending state (``VALID``, ``RUNNABLE``), and
+a rejection removes it (``revert``). Pending states are not durable: they only bridge the gap between
+a write and its event.
+
+Everything here is plain data and dictionaries; ``describe_*`` methods render the AWS response shapes
+of the botocore model (times in epoch milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from sortedcontainers import SortedList
+
+from gpuquota.arns import ArnFactory
+from gpuquota.wire import events as ev
+from gpuquota.wire.base import (
+    JobQueueSpec,
+    JobSpec,
+    JobStatus,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    Strategy,
+)
+
+S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, QuotaShareSpec)
+
+RECENT_PREEMPTIONS = 10
+"""How many preempted attempts ``preemptionSummary.recentPreemptedAttempts`` keeps (newest first)."""
+
+ShareKey = tuple[str, str]
+RunnableKey = tuple[int, int, str]
+
+
+@dataclass
+class ResourceView(Generic[S]):
+    spec: S
+    status: str = "VALID"
+    status_reason: str | None = None
+    pending_input: str | None = None
+    """The event id of the command that made this view pending (``None`` once an event confirmed it)."""
+
+
+@dataclass
+class AttemptView:
+    attempt_id: str
+    arn: str
+    scheduled_at: int
+    started_at: int | None = None
+    stopped_at: int | None = None
+    status_reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"serviceResourceId": {"name": "TrainingJobArn", "value": self.arn}}
+        started = self.started_at if self.started_at is not None else self.scheduled_at
+        out["startedAt"] = started
+        if self.stopped_at is not None:
+            out["stoppedAt"] = self.stopped_at
+        if self.status_reason:
+            out["statusReason"] = self.status_reason
+        return out
+
+
+@dataclass
+class JobView:
+    spec: JobSpec
+    status: JobStatus = JobStatus.SUBMITTED
+    status_reason: str | None = None
+    priority: int = 0
+    scheduled_at: int | None = None
+    started_at: int | None = None
+    stopped_at: int | None = None
+    is_terminated: bool = False
+    runnable_since: int = 0
+    attempts: list[AttemptView] = field(default_factory=list)
+    current: AttemptView | None = None
+    held: tuple[str, int] | None = None
+    preempted_count: int = 0
+    recent_preempted: list[AttemptView] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
+    pending_input: str | None = None
+
+    @property
+    def share(self) -> ShareKey:
+        return (self.spec.job_queue, self.spec.quota_share)
+
+    @property
+    def runnable_key(self) -> RunnableKey:
+        return (-self.priority, self.spec.created_at, self.spec.job_id)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+class ReadModel:
+    """AWS-shaped views built from scheduler events (see the module docstring)."""
+
+    def __init__(self, arns: ArnFactory | None = None) -> None:
+        self.arns = arns or ArnFactory()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (before folding the log again)."""
+        self.policies: dict[str, ResourceView[SchedulingPolicySpec]] = {}
+        self.environments: dict[str, ResourceView[ServiceEnvironmentSpec]] = {}
+        self.queues: dict[str, ResourceView[JobQueueSpec]] = {}
+        self.shares: dict[ShareKey, ResourceView[QuotaShareSpec]] = {}
+        self.jobs: dict[str, JobView] = {}
+        self.runnable: dict[ShareKey, SortedList[RunnableKey]] = {}
+        """Per share, its RUNNABLE jobs in scheduling order (-priority, createdAt, jobId)."""
+        self.usage: dict[ShareKey, dict[str, int]] = {}
+        """Per share and unit: instances held by SCHEDULED, STARTING and RUNNING jobs."""
+        self.client_tokens: dict[str, tuple[str, str]] = {}
+        """SubmitServiceJob ``clientToken`` -> (fingerprint of the request, job id)."""
+        self.last_event_at = 0
+
+    # ----- projection --------------------------------------------------------------------------
+
+    def apply(self, event: ev.SchedulerEvent) -> None:
+        self.last_event_at = max(self.last_event_at, event.occurred_at)
+        handler = getattr(self, f"_on_{event.type}", None)
+        if handler is not None:
+            handler(event)
+
+    def _resource(self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str) -> None:
+        if status == "DELETED":
+            table.pop(key, None)
+        else:
+            table[key] = ResourceView(spec, status)
+
+    def _on_SchedulingPolicyChanged(self, e: ev.SchedulingPolicyChanged) -> None:
+        self._resource(self.policies, e.spec.name, e.spec, e.status)
+
+    def _on_ServiceEnvironmentChanged(self, e: ev.ServiceEnvironmentChanged) -> None:
+        self._resource(self.environments, e.spec.name, e.spec, e.status)
+
+    def _on_JobQueueChanged(self, e: ev.JobQueueChanged) -> None:
+        self._resource(self.queues, e.spec.name, e.spec, e.status)
+
+    def _on_QuotaShareChanged(self, e: ev.QuotaShareChanged) -> None:
+        key = (e.spec.job_queue, e.spec.name)
+        self._resource(self.shares, key, e.spec, e.status)
+        if e.status == "DELETED":
+            self.runnable.pop(key, None)
+            self.usage.pop(key, None)
+
+    def _on_InputRejected(self, e: ev.InputRejected) -> None:
+        if e.job_id is not None:
+            job = self.jobs.get(e.job_id)
+            if job is not None and job.pending_input == e.input_event_id:
+                del self.jobs[e.job_id]
+
+    def _on_JobAccepted(self, e: ev.JobAccepted) -> None:
+        old = self.jobs.get(e.job.job_id)
+        job = JobView(spec=e.job, priority=e.job.priority, tags=dict(e.job.tags))
+        if old is not None and old.pending_input is not None:
+            job.tags = old.tags
+        job.status = JobStatus.RUNNABLE
+        job.runnable_since = e.occurred_at
+        self.jobs[job.spec.job_id] = job
+        self._enqueue(job)
+
+    def _enqueue(self, job: JobView) -> None:
+        self.runnable.setdefault(job.share, SortedList()).add(job.runnable_key)
+
+    def _dequeue(self, job: JobView) -> None:
+        queue = self.runnable.get(job.share)
+        if queue is not None and job.runnable_key in queue:
+            queue.remove(job.runnable_key)
+
+    def _release(self, job: JobView) -> None:
+        if job.held is not None:
+            unit, count = job.held
+            usage = self.usage.setdefault(job.share, {})
+            usage[unit] = usage.get(unit, 0) - count
+            job.held = None
+
+    def _close_attempt(self, job: JobView, at: int, reason: str | None) -> AttemptView | None:
+        attempt = job.current
+        if attempt is not None:
+            attempt.stopped_at = at
+            attempt.status_reason = reason
+            job.current = None
+        return attempt
+
+    def _on_JobDispatched(self, e: ev.JobDispatched) -> None:
+        job = self.jobs[e.job_id]
+        self._dequeue(job)
+        job.status = JobStatus.SCHEDULED
+        job.status_reason = None
+        job.scheduled_at = e.occurred_at
+        job.stopped_at = None
+        attempt = AttemptView(
+            e.attempt_id, self.arns.training_job(job.spec.job_name, e.attempt_id), e.occurred_at
+        )
+        job.attempts.append(attempt)
+        job.current = attempt
+        job.held = (e.unit, e.count)
+        usage = self.usage.setdefault(job.share, {})
+        usage[e.unit] = usage.get(e.unit, 0) + e.count
+
+    def _on_JobStarting(self, e: ev.JobStarting) -> None:
+        self.jobs[e.job_id].status = JobStatus.STARTING
+
+    def _on_JobRunning(self, e: ev.JobRunning) -> None:
+        job = self.jobs[e.job_id]
+        job.status = JobStatus.RUNNING
+        job.started_at = e.occurred_at
+        if job.current is not None:
+            job.current.started_at = e.occurred_at
+
+    def _on_JobSucceeded(self, e: ev.JobSucceeded) -> None:
+        job = self.jobs[e.job_id]
+        self._release(job)
+        self._close_attempt(job, e.occurred_at, e.status_reason)
+        job.status = JobStatus.SUCCEEDED
+        job.status_reason = e.status_reason
+        job.stopped_at = e.occurred_at
+
+    def _on_JobFailed(self, e: ev.JobFailed) -> None:
+        job = self.jobs[e.job_id]
+        if job.status is JobStatus.RUNNABLE:
+            self._dequeue(job)
+        self._release(job)
+        attempt = self._close_attempt(job, e.occurred_at, e.status_reason)
+        if e.preempted and attempt is not None:
+            self._preempted(job, attempt)
+        job.status = JobStatus.FAILED
+        job.status_reason = e.status_reason
+        job.is_terminated = job.is_terminated or e.is_terminated
+        job.stopped_at = e.occurred_at
+
+    def _preempted(self, job: JobView, attempt: AttemptView) -> None:
+        job.preempted_count += 1
+        job.recent_preempted.insert(0, attempt)
+        del job.recent_preempted[RECENT_PREEMPTIONS:]
+
+    def _on_JobRequeued(self, e: ev.JobRequeued) -> None:
+        job = self.jobs[e.job_id]
+        self._release(job)
+        attempt = self._close_attempt(job, e.occurred_at, e.status_reason)
+        if e.cause == "PREEMPTED" and attempt is not None:
+            self._preempted(job, attempt)
+        job.status = JobStatus.RUNNABLE
+        job.status_reason = e.status_reason
+        job.runnable_since = e.occurred_at
+        job.started_at = None
+        self._enqueue(job)
+
+    def _on_JobPriorityChanged(self, e: ev.JobPriorityChanged) -> None:
+        job = self.jobs[e.job_id]
+        if job.status is JobStatus.RUNNABLE:
+            self._dequeue(job)
+            job.priority = e.priority
+            self._enqueue(job)
+        else:
+            job.priority = e.priority
+
+    # ----- pending states (recorded by the gateway when it sends a command) ---------------------
+
+    def pending_job(self, spec: JobSpec, input_id: str) -> JobView:
+        job = JobView(spec=spec, priority=spec.priority, tags=dict(spec.tags), pending_input=input_id)
+        job.runnable_since = spec.created_at
+        self.jobs[spec.job_id] = job
+        return job
+
+    def revert_job(self, job_id: str, input_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and job.pending_input == input_id and job.status is JobStatus.SUBMITTED:
+            del self.jobs[job_id]
+
+    def mark(
+        self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str, input_id: str
+    ) -> ResourceView[S] | None:
+        """Record a pending status; return the previous view to pass to ``revert`` on rejection."""
+        previous = table.get(key)
+        if previous is None:
+            table[key] = ResourceView(spec, status, pending_input=input_id)
+        else:
+            table[key] = ResourceView(previous.spec, status, previous.status_reason, pending_input=input_id)
+        return previous
+
+    def revert(
+        self, table: dict[Any, ResourceView[S]], key: Any, previous: ResourceView[S] | None, input_id: str
+    ) -> None:
+        current = table.get(key)
+        if current is None or current.pending_input != input_id:
+            return  # an event already replaced the pending view
+        if previous is None:
+            del table[key]
+        else:
+            table[key] = previous
+
+    # ----- AWS views ---------------------------------------------------------------------------
+
+    def describe_policy(self, view: ResourceView[SchedulingPolicySpec]) -> dict[str, Any]:
+        spec = view.spec
+        return {
+            "name": spec.name,
+            "arn": self.arns.policy(spec.name),
+            "quotaSharePolicy": {"idleResourceAssignmentStrategy": spec.idle_resource_assignment_strategy},
+            "tags": dict(spec.tags),
+        }
+
+    def describe_environment(self, view: ResourceView[ServiceEnvironmentSpec]) -> dict[str, Any]:
+        spec = view.spec
+        return {
+            "serviceEnvironmentName": spec.name,
+            "serviceEnvironmentArn": self.arns.environment(spec.name),
+            "serviceEnvironmentType": "SAGEMAKER_TRAINING",
+            "state": spec.state.value,
+            "status": view.status,
+            "capacityLimits": [
+                {"maxCapacity": c.max_capacity, "capacityUnit": c.unit} for c in spec.capacity_limits
+            ],
+            "tags": dict(spec.tags),
+        }
+
+    def describe_queue(self, view: ResourceView[JobQueueSpec]) -> dict[str, Any]:
+        spec = view.spec
+        out: dict[str, Any] = {
+            "jobQueueName": spec.name,
+            "jobQueueArn": self.arns.queue(spec.name),
+            "state": spec.state.value,
+            "schedulingPolicyArn": self.arns.policy(spec.scheduling_policy),
+            "status": view.status,
+            "priority": spec.priority,
+            "computeEnvironmentOrder": [],
+            "serviceEnvironmentOrder": [
+                {"order": 1, "serviceEnvironment": self.arns.environment(spec.service_environment)}
+            ],
+            "jobQueueType": "SAGEMAKER_TRAINING",
+            "tags": dict(spec.tags),
+        }
+        if view.status_reason:
+            out["statusReason"] = view.status_reason
+        if spec.time_limit_actions:
+            out["jobStateTimeLimitActions"] = [
+                {
+                    "reason": a.reason,
+                    "state": a.state,
+                    "maxTimeSeconds": a.max_time_seconds,
+                    "action": a.action,
+                }
+                for a in spec.time_limit_actions
+            ]
+        return out
+
+    def describe_share(self, view: ResourceView[QuotaShareSpec], with_tags: bool = True) -> dict[str, Any]:
+        spec = view.spec
+        sharing: dict[str, Any] = {"strategy": spec.strategy.value}
+        if spec.strategy is Strategy.LEND_AND_BORROW:
+            sharing["borrowLimit"] = spec.borrow_limit
+        out: dict[str, Any] = {
+            "quotaShareName": spec.name,
+            "quotaShareArn": self.arns.share(spec.job_queue, spec.name),
+            "jobQueueArn": self.arns.queue(spec.job_queue),
+            "capacityLimits": [
+                {"maxCapacity": c.max_capacity, "capacityUnit": c.unit} for c in spec.capacity_limits
+            ],
+            "resourceSharingConfiguration": sharing,
+            "preemptionConfiguration": {
+                "inSharePreemption": "ENABLED" if spec.in_share_preemption else "DISABLED"
+            },
+            "state": spec.state.value,
+            "status": view.status,
+        }
+        if with_tags:
+            out["tags"] = dict(spec.tags)
+        return out
+
+    def _latest_attempt(self, job: JobView) -> dict[str, Any] | None:
+        if not job.attempts:
+            return None
+        return {"serviceResourceId": {"name": "TrainingJobArn", "value": job.attempts[-1].arn}}
+
+    def _capacity_usage(self, job: JobView) -> list[dict[str, Any]]:
+        return [{"capacityUnit": job.spec.unit, "quantity": float(job.spec.count)}]
+
+    def job_summary(self, job: JobView) -> dict[str, Any]:
+        spec = job.spec
+        out: dict[str, Any] = {
+            "jobId": spec.job_id,
+            "jobArn": self.arns.job(spec.job_id),
+            "jobName": spec.job_name,
+            "serviceJobType": "SAGEMAKER_TRAINING",
+            "status": job.status.value,
+            "createdAt": spec.created_at,
+            "quotaShareName": spec.quota_share,
+            "capacityUsage": self._capacity_usage(job),
+            "isTerminated": job.is_terminated,
+        }
+        if job.status_reason:
+            out["statusReason"] = job.status_reason
+        for key, value in (
+            ("scheduledAt", job.scheduled_at),
+            ("startedAt", job.started_at),
+            ("stoppedAt", job.stopped_at),
+        ):
+            if value is not None:
+                out[key] = value
+        if (latest := self._latest_attempt(job)) is not None:
+            out["latestAttempt"] = latest
+        return out
+
+    def describe_job(self, job: JobView) -> dict[str, Any]:
+        spec = job.spec
+        out = self.job_summary(job)
+        out["jobQueue"] = self.arns.queue(spec.job_queue)
+        out["serviceRequestPayload"] = spec.payload
+        out["schedulingPriority"] = job.priority
+        retry: dict[str, Any] = {"attempts": spec.retry_attempts}
+        if spec.evaluate_on_exit:
+            retry["evaluateOnExit"] = [
+                {"action": r.action, "onStatusReason": r.on_status_reason} for r in spec.evaluate_on_exit
+            ]
+        out["retryStrategy"] = retry
+        if spec.preemption_retries is not None:
+            out["preemptionConfiguration"] = {"preemptionRetriesBeforeTermination": spec.preemption_retries}
+        if job.preempted_count:
+            out["preemptionSummary"] = {
+                "preemptedAttemptCount": job.preempted_count,
+                "recentPreemptedAttempts": [a.as_dict() for a in job.recent_preempted],
+            }
+        out["attempts"] = [a.as_dict() for a in job.attempts]
+        if spec.attempt_duration_seconds is not None:
+            out["timeoutConfig"] = {"attemptDurationSeconds": spec.attempt_duration_seconds}
+        out["tags"] = dict(job.tags)
+        return out
+
+    # ----- figures -----------------------------------------------------------------------------
+
+    def share_usage(self, queue: str, share: str) -> dict[str, int]:
+        return {u: n for u, n in sorted(self.usage.get((queue, share), {}).items()) if n}
+
+    def share_table(self) -> list[dict[str, Any]]:
+        """One row per share: limits, strategy, usage per unit and queued jobs (``gpuquota shares``)."""
+        rows = []
+        for (queue, name), view in sorted(self.shares.items()):
+            rows.append(
+                {
+                    "jobQueue": queue,
+                    "quotaShareName": name,
+                    "strategy": view.spec.strategy.value,
+                    "limits": {c.unit: c.max_capacity for c in view.spec.capacity_limits},
+                    "usage": self.share_usage(queue, name),
+                    "runnable": len(self.runnable.get((queue, name), ())),
+                    "state": view.spec.state.value,
+                    "status": view.status,
+                }
+            )
+        return rows
+
+    def snapshot(self, queue: str, now: int) -> dict[str, Any]:
+        """``GetJobQueueSnapshot`` for ``queue`` (which must exist)."""
+        share_names = sorted(name for (q, name) in self.shares if q == queue)
+        fronts: dict[str, list[dict[str, Any]]] = {}
+        candidates: list[tuple[RunnableKey, str]] = []
+        for name in share_names:
+            keys = self.runnable.get((queue, name))
+            if keys:
+                head = self.jobs[keys[0][2]]
+                fronts[name] = [
+                    {"jobArn": self.arns.job(head.spec.job_id), "earliestTimeAtPosition": head.runnable_since}
+                ]
+                candidates.extend((key, name) for key in keys[:100])
+        candidates.sort()
+        front = [
+            {
+                "jobArn": self.arns.job(key[2]),
+                "earliestTimeAtPosition": self.jobs[key[2]].runnable_since,
+            }
+            for key, _ in candidates[:100]
+        ]
+        total: dict[str, int] = {}
+        per_share: list[dict[str, Any]] = []
+        for name in share_names:
+            usage = self.share_usage(queue, name)
+            for unit, count in usage.items():
+                total[unit] = total.get(unit, 0) + count
+            per_share.append(
+                {
+                    "quotaShareName": name,
+                    "capacityUsage": [{"capacityUnit": u, "quantity": float(n)} for u, n in usage.items()],
+                }
+            )
+        per_share.sort(
+            key=lambda row: (-sum(c["quantity"] for c in row["capacityUsage"]), row["quotaShareName"])
+        )
+        return {
+            "frontOfQueue": {"jobs": front, "lastUpdatedAt": now},
+            "frontOfQuotaShares": {"quotaShares": fronts, "lastUpdatedAt": now},
+            "queueUtilization": {
+                "totalCapacityUsage": [
+                    {"capacityUnit": u, "quantity": float(n)} for u, n in sorted(total.items())
+                ],
+                "quotaShareUtilization": {"topCapacityUtilization": per_share},
+                "lastUpdatedAt": now,
+            },
+        }

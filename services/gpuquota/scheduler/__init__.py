@@ -1,0 +1,1 @@
+"""Scheduler shells: the I/O around the pure scheduling core."""
