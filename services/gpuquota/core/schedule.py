@@ -147,6 +147,7 @@ class EnvironmentPass:
                 heap.append((job.created_at, job.job_id, index))
         heapq.heapify(heap)
         blocked = []
+        backfilled: set[int] = set()
         phase = "IN_QUOTA" if in_quota else "BORROW"
         while heap:
             _, job_id, index = heapq.heappop(heap)
@@ -158,8 +159,19 @@ class EnvironmentPass:
                     heapq.heappush(heap, (successor.created_at, successor.job_id, index))
                 continue
             blocked.append(job)
+            backfilled.add(index)
             while self.backfill and self.backfill_share(share, in_quota):
                 pass
+        if self.backfill:
+            # A head that belongs to the other phase (or waits for its preemptions) cannot be placed
+            # in this one either: with backfill, later jobs of its share still get a chance (S3.2).
+            for index, share in enumerate(self.scoped):
+                if index in backfilled or (
+                    not in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW
+                ):
+                    continue
+                while self.backfill_share(share, in_quota):
+                    pass
         return blocked
 
     def backfill_share(self, share: ShareRecord, in_quota: bool) -> bool:
