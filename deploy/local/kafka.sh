@@ -169,9 +169,13 @@ start() {
 
   local logopts=(-Dlog4j2.configurationFile="$KCONF/log4j2.properties" -Dkafka.logs.dir="$RUN_DIR/logs")
   t0="$(now)"
-  cid="$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode())')"
+  # base64url of a random UUID; like Kafka's Uuid.randomUuid, never starting with "-" (an id such
+  # as "-abc..." would be parsed as an option)
+  cid="$(python3 -c 'import base64,uuid
+while (c := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"): pass
+print(c)')"
   if ! java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 "${logopts[@]}" -cp "$libs/*" \
-      kafka.tools.StorageTool format -t "$cid" -c "$RUN_DIR/server.properties" \
+      kafka.tools.StorageTool format --cluster-id="$cid" -c "$RUN_DIR/server.properties" \
       >"$RUN_DIR/logs/format.out" 2>&1; then
     cat "$RUN_DIR/logs/format.out" >&2
     rm -rf "$data"
