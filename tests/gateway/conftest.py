@@ -16,6 +16,7 @@ import boto3
 import pytest
 
 from gpuquota.embedded import EmbeddedStack
+from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import SlotOffer
 
@@ -50,7 +51,8 @@ class StackThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     @property
-    def shell(self) -> Any:
+    def shell(self) -> SchedulerShell:
+        assert self.stack.shell is not None
         return self.stack.shell
 
     def feed(self, kind: type[Any], **fields: Any) -> list[Any]:
