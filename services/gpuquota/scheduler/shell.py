@@ -102,11 +102,18 @@ class SchedulerShell:
             for event in events:
                 commands.extend(node_commands(self.state, event))
                 evolve(self.state, event)
-                self.read_model.apply(event)
+                self._project(event)
             published: list[SchedulerEvent] = [e for e in events if isinstance(e, ev.JOB_STATE_EVENTS)]
             if commands or published:
                 self._outbox.put_nowait((commands, published))
             return events
+
+    def _project(self, event: SchedulerEvent) -> None:
+        """Fold ``event`` into the read model; a projection bug must not stop the scheduler."""
+        try:
+            self.read_model.apply(event)
+        except Exception:
+            log.exception("read model could not apply %s %s", event.type, event.event_id)
 
     # ----- life cycle --------------------------------------------------------------------------
 
@@ -124,7 +131,7 @@ class SchedulerShell:
                 for record in records:
                     for event in record.events:
                         evolve(self.state, event)
-                        self.read_model.apply(event)
+                        self._project(event)
                     after = record.seq
                     folded += 1
             self.seq = await self.store.last_seq(self.pool)
