@@ -16,6 +16,7 @@ import functools
 import gc
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,13 +97,24 @@ class LocalService:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def _sigterm_as_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
 def _local(script: str, run_dir_var: str, result_file: str, what: str, var: str) -> Iterator[str]:
+    # A SIGTERM (e.g. from `timeout`) would end pytest without running fixture finalizers and
+    # leave the service running; as KeyboardInterrupt, pytest tears the session down first.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_keyboard_interrupt)
     service = LocalService(script, run_dir_var, result_file)
     try:
         value = service.start()
     except (LauncherError, OSError, subprocess.TimeoutExpired) as exc:
         service.stop()
         unavailable(what, var, f"local launcher failed: {exc}")
+    except BaseException:  # interrupted while starting: stop whatever got started
+        service.stop()
+        raise
     try:
         yield value
     finally:
