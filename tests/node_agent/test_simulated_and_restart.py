@@ -83,7 +83,8 @@ async def _start_then_abandon(make_agent: AgentFactory, out: Path) -> tuple[int,
     agent1 = make_agent(sched1)
     await agent1.start()
     await agent1.deliver(run_cmd(python_payload(SLEEPER, Environment={"OUT_DIR": str(out)})))
-    await wait_until(lambda: (out / "pid").exists(), what="the job to start")
+    pid_file = out / "pid"
+    await wait_until(lambda: pid_file.exists() and pid_file.read_text(), what="the job to write its pid")
     await wait_until(lambda: "RUNNING" in sched1.statuses("job-1-a1"), what="RUNNING")
     await agent1.stop()
     pid = int((out / "pid").read_text())
