@@ -147,3 +147,26 @@ def test_cli_errors_and_missing_transport(
     assert "GPUQUOTA_NODE_ID" in capsys.readouterr().err
     assert main(["node-agent", "--kafka", "k:9092", "--node-id", "n1"]) == 2
     assert "not implemented yet" in capsys.readouterr().err
+
+
+def test_nvml_probe_with_a_fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from gpuquota.node_agent.slots import _nvml_gpu_count
+
+    calls: list[str] = []
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: calls.append("init")  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetCount = lambda: 4  # type: ignore[attr-defined]
+    fake.nvmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert _nvml_gpu_count() == 4 and calls == ["init", "shutdown"]
+    assert [s.gpus for s in discover_slots(configured="ml.g5.xlarge=1,ml.g5.12xlarge=0")] == [(0,)]
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    fake.nvmlInit = no_driver  # type: ignore[attr-defined]
+    assert _nvml_gpu_count() == 0
+    assert discover_slots(configured="ml.g5.xlarge=1") == (SlotOffer(unit="ml.g5.xlarge"),)
