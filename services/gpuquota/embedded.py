@@ -152,7 +152,13 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    if args.kafka or args.database_url or os.environ.get("GPUQUOTA_KAFKA"):
+    distributed = (
+        args.kafka,
+        args.database_url,
+        os.environ.get("GPUQUOTA_KAFKA"),
+        os.environ.get("GPUQUOTA_DATABASE_URL"),
+    )
+    if any(distributed):
         print("gpuquota up: distributed mode not implemented yet", file=sys.stderr)
         return 2
     port = args.port if args.port is not None else int(os.environ.get("GPUQUOTA_PORT", "8642"))
