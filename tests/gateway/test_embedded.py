@@ -83,7 +83,8 @@ def test_simulated_local_agent_runs_jobs_to_completion(tmp_path: Path) -> None:
 
 
 def test_gpuquota_up_starts_serves_and_stops(tmp_path: Path) -> None:
-    env = {**os.environ, "GPUQUOTA_PORT": "0"}
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL")}
+    env["GPUQUOTA_PORT"] = "0"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuquota.cli", "up", "--data-dir", str(tmp_path), "--runtime", "simulated"],
         stdout=subprocess.PIPE,
