@@ -64,10 +64,11 @@ class Simulation:
         share_usage_now = base.share_usage - self.removed.get(self.head.share, 0)
         if base.share_max is not None and share_usage_now + k > base.share_max:
             return False
-        # R after the dispatch: a RESERVE head consumes its own share's idle reserve first (S2.4).
+        # R of the *other* RESERVE shares: the head's own share's reserve is its own (S2.4).
         reserved = sum(
-            max(0, limit - (usage - self.removed.get(key, 0) + (k if key == self.head.share else 0)))
+            max(0, limit - (usage - self.removed.get(key, 0)))
             for key, (limit, usage) in self.reserve_usage.items()
+            if key != self.head.share
         )
         return (
             base.environment_enabled

@@ -163,9 +163,9 @@ class Figures:
 
     @property
     def within_capacity(self) -> bool:
-        """S2.5 after the dispatch: a RESERVE share's job first uses its own share's idle reserve."""
-        reserved_after = self.reserved_idle - min(self.demand, self.own_reserved_idle)
-        return self.usage + reserved_after + self.demand <= self.capacity
+        """S2.5 for this dispatch: other RESERVE shares' idle capacity is off limits, but a share's own
+        reserve never blocks its own jobs (S2.4), even where reservations exceed the capacity."""
+        return self.usage + self.reserved_idle - self.own_reserved_idle + self.demand <= self.capacity
 
     @property
     def placeable(self) -> bool:

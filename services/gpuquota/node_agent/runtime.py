@@ -121,11 +121,13 @@ class ProcessHandle:
 
     async def stop(self, grace: float, trace: Trace) -> None:
         assert self.pgid is not None
-        if procs.signal_group(self.pgid, signal.SIGTERM):
+        # the trace is written just before the signal, so its time never follows the job's reaction
+        if procs.group_alive(self.pgid):
             trace(f"SIGTERM sent to process group {self.pgid}")
+            procs.signal_group(self.pgid, signal.SIGTERM)
         if not await self._gone(time.monotonic() + grace):
-            if procs.signal_group(self.pgid, signal.SIGKILL):
-                trace(f"SIGKILL sent to process group {self.pgid} after {grace:g} s grace")
+            trace(f"SIGKILL sent to process group {self.pgid} after {grace:g} s grace")
+            procs.signal_group(self.pgid, signal.SIGKILL)
             await self._gone(None)
         await self._reap_leader()
         trace(f"process group {self.pgid} gone")
