@@ -77,13 +77,18 @@ async def test_preemption_checkpoints_and_the_next_attempt_resumes(
     sigterm = next(at for at, aid, what in agent.trace if aid == "train-a1" and what.startswith("SIGTERM"))
     gone = next(at for at, aid, what in agent.trace if aid == "train-a1" and what.endswith("gone"))
     assert sigterm <= checkpoint["at"] <= gone <= stopped.occurred_at / 1000 + 0.001
+    reported = next(
+        at for at, aid, what in agent.trace if aid == "train-a1" and what.startswith("report STOPPED")
+    )
+    assert gone <= reported
     assert not any("SIGKILL" in what for _, _, what in agent.trace)
 
     timeline = [
         (sigterm, "SIGTERM sent to the process group of train-a1"),
         (checkpoint["at"], f"checkpoint written by the job (step {checkpoint['step']})"),
         (gone, "process group gone"),
-        (stopped.occurred_at / 1000, "STOPPED report created"),
+        (reported, "STOPPED report queued (occurred_at, ms-truncated, below)"),
+        (stopped.occurred_at / 1000, "STOPPED report occurred_at"),
         (resumed["at"], f"attempt 2 started, resumed from step {resumed['resumed_from']}"),
         (done.occurred_at / 1000, "attempt 2 SUCCEEDED"),
     ]
