@@ -87,8 +87,8 @@ async def test_preemption_checkpoints_and_the_next_attempt_resumes(
         (sigterm, "SIGTERM sent to the process group of train-a1"),
         (checkpoint["at"], f"checkpoint written by the job (step {checkpoint['step']})"),
         (gone, "process group gone"),
-        (reported, "STOPPED report queued (occurred_at, ms-truncated, below)"),
-        (stopped.occurred_at / 1000, "STOPPED report occurred_at"),
+        (reported, "STOPPED report queued for the scheduler"),
+        (stopped.occurred_at / 1000, "STOPPED report occurred_at (whole ms)"),
         (resumed["at"], f"attempt 2 started, resumed from step {resumed['resumed_from']}"),
         (done.occurred_at / 1000, "attempt 2 SUCCEEDED"),
     ]
