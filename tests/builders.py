@@ -7,13 +7,22 @@
 
 Every ``Harness`` call feeds one input through ``decide`` then ``evolve`` (as the shells do), keeps
 the inputs and events, and checks after each input that deciding did not touch the state.
+
+Table-driven scenarios use ``Case``/``Round`` and the ``do`` step namespace:
+
+    Case("S4.1", Harness.worked_example, [
+        Round([do.submit(job("a").share("QS2"))], want_status={"a": "SCHEDULED"}),
+    ])
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.core import ClusterState, decide, evolve, explain, fingerprint
+from gpuquota.core.state import JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
@@ -141,6 +150,8 @@ class Harness:
         self.inputs: list[inp.SchedulerInput] = []
         self.events: list[ev.SchedulerEvent] = []
         self.last: list[ev.SchedulerEvent] = []
+        self.decisions: list[tuple[inp.SchedulerInput, list[ev.SchedulerEvent]]] = []
+        """Every input with the events decided for it, in order."""
 
     # ----- plumbing ----------------------------------------------------------------------------
 
@@ -159,11 +170,20 @@ class Harness:
         events = decide(self.state, message)
         assert fingerprint(self.state) == before, "decide changed the state"
         for event in events:
+            self.before_event(event)
             evolve(self.state, event)
+            self.after_event(event)
         self.inputs.append(message)
         self.events.extend(events)
+        self.decisions.append((message, events))
         self.last = events
         return events
+
+    def before_event(self, event: ev.SchedulerEvent) -> None:
+        """Hook: called with the state as the core saw it when it decided ``event``."""
+
+    def after_event(self, event: ev.SchedulerEvent) -> None:
+        """Hook: called once ``event`` has been applied."""
 
     # ----- resources ---------------------------------------------------------------------------
 
@@ -229,13 +249,25 @@ class Harness:
         return self
 
     @classmethod
-    def basic(cls, capacity: int = 3, nodes: int = 1) -> Harness:
+    def basic(
+        cls, capacity: int = 3, nodes: int = 1, backfill: bool = False, time_limit: int | None = None
+    ) -> Harness:
         """One SE with ``capacity`` g5 instances, one queue, no shares, ``nodes`` nodes."""
-        h = cls().policy().environment_limits("se", {G5: capacity}).queue()
+        h = cls().policy(backfill=backfill).environment_limits("se", {G5: capacity})
+        h.queue(time_limit=time_limit)
         per_node, extra = divmod(capacity, nodes)
         for index in range(nodes):
             h.node(f"node-{index}", ml_g5_xlarge=per_node + (1 if index < extra else 0))
         return h
+
+    def with_shares(self, *builders: ShareBuilder) -> Harness:
+        for builder in builders:
+            self.share(builder)
+        return self
+
+    def delete_share(self, name: str, queue: str = "jq") -> Harness:
+        self.feed(inp.DeleteQuotaShare, job_queue=queue, name=name)
+        return self
 
     @classmethod
     def worked_example(cls) -> Harness:
@@ -263,17 +295,18 @@ class Harness:
 
     def report(self, job_id: str, status: str, **fields: Any) -> Harness:
         record = self.state.jobs[job_id]
-        assert record.attempt_id is not None, f"{job_id} has no attempt"
+        attempt_id = record.attempt_id
+        assert attempt_id is not None, f"{job_id} has no attempt"
         for node_id in sorted({p.node_id for p in record.placements}):
             self.feed(
                 inp.AttemptReport,
                 node_id=node_id,
                 job_id=job_id,
-                attempt_id=record.attempt_id,
+                attempt_id=attempt_id,
                 status=status,
                 **fields,
             )
-            if job_id not in self.state.jobs or self.state.jobs[job_id].attempt_id != record.attempt_id:
+            if job_id not in self.state.jobs or self.state.jobs[job_id].attempt_id != attempt_id:
                 break
         return self
 
@@ -310,7 +343,65 @@ class Harness:
         self.feed(inp.NodeHeartbeat, node_id=node_id)
         return self
 
+    def elapse(self, ms: int, silent: Iterable[str] = ()) -> Harness:
+        """Let ``ms`` pass in steps of half the heartbeat timeout: every online node not in ``silent``
+        heartbeats, then a ``Tick`` fires (timeouts, node loss, time limits)."""
+        quiet = set(silent)
+        step = max(1, self.state.heartbeat_timeout_ms // 2)
+        remaining = ms
+        while remaining > 0:
+            chunk = min(step, remaining)
+            self.now += chunk
+            remaining -= chunk
+            for node_id in sorted(n.node_id for n in self.state.nodes.values() if n.online):
+                if node_id not in quiet:
+                    self.heartbeat(node_id)
+            self.tick()
+        return self
+
+    def drain(self, node_id: str) -> Harness:
+        self.feed(inp.DrainNode, node_id=node_id)
+        return self
+
+    def deregister(self, node_id: str) -> Harness:
+        self.feed(inp.DeregisterNode, node_id=node_id)
+        return self
+
+    def report_attempt(
+        self, node_id: str, job_id: str, attempt_id: str, status: str, **fields: Any
+    ) -> Harness:
+        """A report naming an explicit attempt (late or misdirected reports)."""
+        self.feed(
+            inp.AttemptReport, node_id=node_id, job_id=job_id, attempt_id=attempt_id, status=status, **fields
+        )
+        return self
+
     # ----- observations ------------------------------------------------------------------------
+
+    def record(self, job_id: str) -> JobRecord:
+        return self.state.jobs[job_id]
+
+    def reason(self, job_id: str) -> str:
+        """The job's ``statusReason`` (terminal jobs from the log)."""
+        record = self.state.jobs.get(job_id)
+        if record is not None:
+            return record.status_reason
+        for event in reversed(self.events):
+            if isinstance(event, ev.JobSucceeded | ev.JobFailed) and event.job_id == job_id:
+                return event.status_reason
+        raise KeyError(job_id)
+
+    def terminated(self, job_id: str) -> bool:
+        return any(
+            isinstance(e, ev.JobFailed) and e.job_id == job_id and e.is_terminated for e in self.events
+        )
+
+    def dispatches(self, job_id: str) -> list[ev.JobDispatched]:
+        return [e for e in self.events if isinstance(e, ev.JobDispatched) and e.job_id == job_id]
+
+    def placement(self, job_id: str) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+        """(node, slots, gpus) of the job's current attempt."""
+        return [(p.node_id, p.slots, p.gpus) for p in self.state.jobs[job_id].placements]
 
     def status(self, job_id: str) -> str:
         """The job's status as the read model would show it (terminal jobs from the log)."""
@@ -346,3 +437,230 @@ class Harness:
         explanation = explain(self.state, job_id)
         assert explanation is not None
         return explanation.reason
+
+
+# ----- table-driven scenarios ------------------------------------------------------------------
+
+CROSS = "CROSS_SHARE"
+IN_SHARE = "IN_SHARE"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of a scenario round, applied to a ``Harness``; ``label`` names it in failures."""
+
+    label: str
+    run: Callable[[Harness], object]
+
+    def __call__(self, h: Harness) -> None:
+        self.run(h)
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+class Do:
+    """Step constructors: ``do.submit(job("a"))``, ``do.succeed("a")``, ``do.elapse(31_000)``..."""
+
+    @staticmethod
+    def submit(*builders: JobBuilder) -> Step:
+        ids = ",".join(b.fields["job_id"] for b in builders)
+        return Step(f"submit({ids})", lambda h: h.submit(*builders))
+
+    @staticmethod
+    def set_priority(job_id: str, priority: int) -> Step:
+        return Step(f"set_priority({job_id},{priority})", lambda h: h.set_priority(job_id, priority))
+
+    @staticmethod
+    def starting(*job_ids: str) -> Step:
+        return Step(f"starting{job_ids}", lambda h: [h.report(j, "STARTING") for j in job_ids])
+
+    @staticmethod
+    def running(*job_ids: str) -> Step:
+        return Step(f"running{job_ids}", lambda h: h.running(*job_ids))
+
+    @staticmethod
+    def succeed(*job_ids: str) -> Step:
+        return Step(f"succeed{job_ids}", lambda h: h.succeed(*job_ids))
+
+    @staticmethod
+    def fail(job_id: str, reason: str = "Essential container in task exited with code 1") -> Step:
+        return Step(f"fail({job_id},{reason!r})", lambda h: h.fail(job_id, reason))
+
+    @staticmethod
+    def stopped(*job_ids: str) -> Step:
+        return Step(f"stopped{job_ids}", lambda h: h.stopped(*job_ids))
+
+    @staticmethod
+    def stop_all() -> Step:
+        """Nodes report every stopping attempt stopped."""
+        return Step("stop_all", lambda h: h.stop_all_preempted())
+
+    @staticmethod
+    def terminate(job_id: str, reason: str = "Terminated by user") -> Step:
+        return Step(f"terminate({job_id})", lambda h: h.terminate(job_id, reason))
+
+    @staticmethod
+    def tick(advance_ms: int = 0) -> Step:
+        """A bare ``Tick`` after ``advance_ms`` (no heartbeats: nodes may be lost)."""
+        return Step(f"tick(+{advance_ms}ms)", lambda h: h.tick(advance_ms))
+
+    @staticmethod
+    def elapse(ms: int, silent: Sequence[str] = ()) -> Step:
+        """Time passes with heartbeats from every online node except ``silent`` ones, ticking."""
+        return Step(f"elapse({ms}ms,silent={list(silent)})", lambda h: h.elapse(ms, silent))
+
+    @staticmethod
+    def register(node_id: str, pool: str = "default", **units: int) -> Step:
+        return Step(f"register({node_id},{units})", lambda h: h.node(node_id, pool, **units))
+
+    @staticmethod
+    def heartbeat(node_id: str) -> Step:
+        return Step(f"heartbeat({node_id})", lambda h: h.heartbeat(node_id))
+
+    @staticmethod
+    def drain(node_id: str) -> Step:
+        return Step(f"drain({node_id})", lambda h: h.drain(node_id))
+
+    @staticmethod
+    def deregister(node_id: str) -> Step:
+        return Step(f"deregister({node_id})", lambda h: h.deregister(node_id))
+
+    @staticmethod
+    def update_share(builder: ShareBuilder) -> Step:
+        """Create or update a quota share (the whole spec)."""
+        return Step(f"share({builder.fields['name']})", lambda h: h.share(builder))
+
+    @staticmethod
+    def se_limits(name: str, limits: Mapping[str, int], **fields: Any) -> Step:
+        return Step(
+            f"se_limits({name},{dict(limits)})", lambda h: h.environment_limits(name, dict(limits), **fields)
+        )
+
+    @staticmethod
+    def delete_share(name: str, queue: str = "jq") -> Step:
+        return Step(f"delete_share({name})", lambda h: h.delete_share(name, queue))
+
+    @staticmethod
+    def report(node_id: str, job_id: str, attempt_id: str, status: str, **fields: Any) -> Step:
+        """A node report naming an explicit attempt (late, fenced or misdirected)."""
+        return Step(
+            f"report({node_id},{attempt_id},{status})",
+            lambda h: h.report_attempt(node_id, job_id, attempt_id, status, **fields),
+        )
+
+    @staticmethod
+    def feed(message_type: type[Any], **fields: Any) -> Step:
+        """Any raw input (bad input, resource commands)."""
+        return Step(f"{message_type.__name__}({fields})", lambda h: h.feed(message_type, **fields))
+
+
+do = Do()
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named predicate over the harness, checked after a round."""
+
+    label: str
+    holds: Callable[[Harness], bool]
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+class Expect:
+    """Check constructors: ``expect.stopping("a")``, ``expect.attempt("a", 2)``..."""
+
+    @staticmethod
+    def that(label: str, holds: Callable[[Harness], bool]) -> Check:
+        return Check(label, holds)
+
+    @staticmethod
+    def stopping(*job_ids: str) -> Check:
+        return Check(f"stopping{job_ids}", lambda h: all(h.stopping(j) for j in job_ids))
+
+    @staticmethod
+    def attempt(job_id: str, number: int) -> Check:
+        return Check(f"{job_id} attempt {number}", lambda h: h.record(job_id).attempt_number == number)
+
+    @staticmethod
+    def preempted_count(job_id: str, count: int) -> Check:
+        return Check(f"{job_id} preempted {count}x", lambda h: h.record(job_id).preempted_count == count)
+
+    @staticmethod
+    def failures(job_id: str, count: int) -> Check:
+        return Check(f"{job_id} failed {count}x", lambda h: h.record(job_id).failures == count)
+
+    @staticmethod
+    def reason(job_id: str, text: str) -> Check:
+        """The job's statusReason contains ``text``."""
+        return Check(f"{job_id} reason ~ {text!r}", lambda h: text in h.reason(job_id))
+
+    @staticmethod
+    def terminated(job_id: str) -> Check:
+        return Check(f"{job_id} isTerminated", lambda h: h.terminated(job_id))
+
+    @staticmethod
+    def placement(job_id: str, *where: tuple[str, tuple[int, ...], tuple[int, ...]]) -> Check:
+        """(node, slots, gpus) of the job's current attempt, in placement order."""
+        return Check(f"{job_id} placed {where}", lambda h: h.placement(job_id) == list(where))
+
+    @staticmethod
+    def dispatch(job_id: str, phase: str, borrowed: int = 0) -> Check:
+        """The job's latest dispatch happened in ``phase`` with ``borrowed`` instances borrowed."""
+        return Check(
+            f"{job_id} dispatched {phase} borrowing {borrowed}",
+            lambda h: (h.dispatches(job_id)[-1].phase, h.dispatches(job_id)[-1].borrowed)
+            == (phase, borrowed),
+        )
+
+    @staticmethod
+    def dispatch_count(job_id: str, count: int) -> Check:
+        return Check(f"{job_id} dispatched {count}x", lambda h: len(h.dispatches(job_id)) == count)
+
+    @staticmethod
+    def usage(share_name: str, count: int, unit: str = G5, queue: str = "jq") -> Check:
+        return Check(f"U({share_name},{unit})={count}", lambda h: h.usage(share_name, unit, queue) == count)
+
+    @staticmethod
+    def last_events(*types: str) -> Check:
+        """The ``type`` tags of the last input's events."""
+        return Check(f"last events {types}", lambda h: tuple(e.type for e in h.last) == types)
+
+    @staticmethod
+    def share_gone(name: str, queue: str = "jq") -> Check:
+        return Check(f"share {name} deleted", lambda h: (queue, name) not in h.state.shares)
+
+
+expect = Expect()
+
+
+@dataclass(frozen=True)
+class Round:
+    """The actions of one round and what must hold after it.
+
+    ``want_preempted`` and ``want_rejected`` are about this round only and are always checked: the
+    default (empty) means no preemption and no rejection happened in the round.
+    """
+
+    actions: Sequence[Step]
+    want_status: Mapping[str, str] = field(default_factory=dict)
+    want_preempted: Sequence[tuple[str, str, str]] = ()
+    """(victim, preemptor, kind) of the round's JobPreempted events, in order."""
+    want_reason: Mapping[str, str] = field(default_factory=dict)
+    """``explain`` reason codes of named jobs."""
+    want_rejected: Sequence[str] = ()
+    """One substring per InputRejected event of the round, in order."""
+    want_usage: Mapping[str, int] = field(default_factory=dict)
+    """U(s, ml.g5.xlarge) per share of queue ``jq``."""
+    want: Sequence[Check] = ()
+    """Further named predicates over the harness."""
+
+
+@dataclass(frozen=True)
+class Case:
+    rules: str
+    """The semantics rules the case pins down (for the reader)."""
+    setup: Callable[[], Harness]
+    rounds: Sequence[Round]

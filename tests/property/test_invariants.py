@@ -1,0 +1,445 @@
+"""S7 as a Hypothesis state machine: random inputs, every invariant checked after every event.
+
+The machine drives the core through ``Harness`` (decide, then evolve event by event) over one
+service environment with two capacity units, three nodes and two to four random quota shares. Its
+rules submit jobs, change priorities, report attempts, terminate, let time pass (timeouts, lost
+nodes), deregister and re-register nodes, and change share and SE limits.
+
+Checked at every event (with the state exactly as the core saw it):
+
+- S7.1 / S2.5: a ``JobDispatched`` never makes ``sum_s U(s,u) + R(u) <= C(u)`` false, and places the
+  attempt on free slots of usable nodes. (Lowered limits and lost nodes may break the sum
+  transiently; a dispatch never does.)
+- S7.2: the dispatched job holds no attempt; no attempt id is dispatched twice.
+- S7.3 / S7.4: the dispatching share stays within L (RESERVE, LEND) or M (LEND_AND_BORROW).
+- S7.5: a cross-share victim's share is borrowing (net of the victims already chosen for the same
+  preemptor); an in-share victim has strictly lower priority than its preemptor.
+
+After every step: slots per node are used at most once and the free lists and pool counters agree
+with the placements; ``decide`` left the state unchanged (the harness checks ``fingerprint``); a
+shadow state fed the JSON round-trip of every event equals the live one. At teardown (S7.6, S7.7):
+with only completions and all nodes back, every share's head that fits its share and the capacity is
+dispatched (later jobs wait behind an unfit head by S3.2); then replaying the log from empty gives the
+live fingerprint and re-deciding every recorded input on a fresh state reproduces the events exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from gpuquota.core import ClusterState, decide, evolve, fingerprint, replay
+from gpuquota.core.state import JobRecord, ShareKey
+from gpuquota.wire import events as ev
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import QuotaShareSpec, SlotOffer, Strategy
+from gpuquota.wire.events import EVENT_ADAPTER
+from tests.builders import G5, P4, Harness, ShareBuilder, job, share
+
+UNITS = (G5, P4)
+NODES: dict[str, dict[str, int]] = {
+    "n0": {"ml_g5_xlarge": 4},
+    "n1": {"ml_g5_xlarge": 2, "ml_p4d_24xlarge": 2},
+    "n2": {"ml_g5_xlarge": 2},
+}
+ALT_NODES: dict[str, dict[str, int]] = {
+    "n0": {"ml_g5_xlarge": 3},
+    "n1": {"ml_g5_xlarge": 1, "ml_p4d_24xlarge": 2},
+    "n2": {"ml_g5_xlarge": 3},
+}
+SE_LIMITS = {G5: 6, P4: 2}
+
+share_configs = st.tuples(
+    st.sampled_from([Strategy.RESERVE, Strategy.LEND, Strategy.LEND_AND_BORROW, Strategy.LEND_AND_BORROW]),
+    st.integers(1, 4),  # g5 limit
+    st.integers(1, 2),  # p4 limit
+    st.sampled_from([-1, 0, 50, 100, 200]),  # borrow limit (LEND_AND_BORROW only)
+    st.booleans(),  # in-share preemption
+)
+
+
+# ----- independent arithmetic (S2), from the raw state records ----------------------------------
+
+
+def used(state: ClusterState, key: ShareKey, unit: str) -> int:
+    """U(s,u): instances held by the share's jobs that hold an attempt (stopping ones included)."""
+    return sum(j.count for j in state.jobs.values() if j.share == key and j.unit == unit and j.attempt_id)
+
+
+def limit_of(spec: QuotaShareSpec, unit: str) -> int:
+    return spec.limit(unit) or 0
+
+
+def max_of(spec: QuotaShareSpec, unit: str) -> int | None:
+    own = limit_of(spec, unit)
+    if spec.strategy is not Strategy.LEND_AND_BORROW:
+        return own
+    return None if spec.borrow_limit == -1 else own + own * spec.borrow_limit // 100
+
+
+def capacity(state: ClusterState, unit: str) -> int:
+    """C(u) for the only SE: its limit, bounded by the slots of online, non-draining nodes."""
+    (environment,) = state.environments.values()
+    limit = next((c.max_capacity for c in environment.capacity_limits if c.unit == unit), 0)
+    slots = sum(
+        1
+        for n in state.nodes.values()
+        if n.online and not n.draining
+        for slot in n.slots
+        if slot.unit == unit
+    )
+    return min(limit, slots)
+
+
+def reserved(state: ClusterState, unit: str, exclude: ShareKey | None = None) -> int:
+    """R(u), optionally without one share's own reserve."""
+    return sum(
+        max(0, limit_of(s.spec, unit) - used(state, key, unit))
+        for key, s in state.shares.items()
+        if s.spec.strategy is Strategy.RESERVE and key != exclude
+    )
+
+
+def admission_holds(state: ClusterState, unit: str) -> bool:
+    """S2.5's aggregate form: ``sum_s U(s,u) + R(u) <= C(u)``."""
+    total = sum(used(state, key, unit) for key in state.shares)
+    return total + reserved(state, unit) <= capacity(state, unit)
+
+
+class CheckedHarness(Harness):
+    """A harness that checks the per-event invariants and keeps a JSON-fed shadow state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shadow = ClusterState(self.state.heartbeat_timeout_ms)
+        self.attempts: set[str] = set()
+        self.admitted_before = True
+        self.removed: Counter[tuple[str, str, ShareKey]] = Counter()
+        """Victim instances already chosen, per (input, preemptor, victim share)."""
+
+    def before_event(self, event: ev.SchedulerEvent) -> None:
+        state = self.state
+        if isinstance(event, ev.JobDispatched):
+            record = state.jobs[event.job_id]
+            self.admitted_before = admission_holds(state, record.unit)
+            assert record.attempt_id is None and record.status.value == "RUNNABLE", event  # S7.2
+            assert event.attempt_id not in self.attempts, event  # S7.2
+            self.attempts.add(event.attempt_id)
+            assert sum(len(p.slots) for p in event.placements) == record.count == event.count
+            for placement in event.placements:
+                node = state.nodes[placement.node_id]
+                assert node.usable, event
+                for slot in placement.slots:
+                    assert node.slots[slot].unit == record.unit and slot in node.free[record.unit], event
+        elif isinstance(event, ev.JobPreempted):
+            victim = state.jobs[event.job_id]
+            preemptor = state.jobs[event.preemptor_job_id]
+            assert victim.attempt_id == event.attempt_id and victim.stop is None, event
+            if event.kind == "CROSS_SHARE":  # S7.5
+                key = (event.event_id.rsplit("/", 1)[0], preemptor.job_id, victim.share)
+                spec = state.shares[victim.share].spec
+                assert victim.share != preemptor.share, event
+                net = used(state, victim.share, victim.unit) - self.removed[key]
+                assert net > limit_of(spec, victim.unit), f"victim share not borrowing: {event}"
+                self.removed[key] += victim.count
+            else:
+                assert victim.share == preemptor.share and victim.priority < preemptor.priority, event
+
+    def after_event(self, event: ev.SchedulerEvent) -> None:
+        state = self.state
+        evolve(self.shadow, EVENT_ADAPTER.validate_json(event.model_dump_json()))
+        if isinstance(event, ev.JobDispatched):
+            record = state.jobs[event.job_id]
+            unit, spec = record.unit, state.shares[record.share].spec
+            if self.admitted_before:
+                assert admission_holds(state, unit), f"S2.5 made false by {event}"
+            total = sum(used(state, key, unit) for key in state.shares)
+            others = reserved(state, unit, exclude=record.share)
+            assert total + others <= capacity(state, unit), f"S2.4: other shares' reserve used by {event}"
+            own, most = used(state, record.share, unit), max_of(spec, unit)
+            assert most is None or own <= most, f"S7.4 broken by {event}"
+
+
+def check_nodes(state: ClusterState) -> None:
+    """S7.1: every slot is used at most once, and free lists and pool counters agree."""
+    holders: dict[tuple[str, int], str] = {}
+    for record in state.jobs.values():
+        for placement in record.placements:
+            node = state.nodes[placement.node_id]
+            assert node.online, f"{record.job_id} placed on lost node {node.node_id}"
+            for slot in placement.slots:
+                assert (node.node_id, slot) not in holders, f"slot {node.node_id}/{slot} used twice"
+                holders[node.node_id, slot] = record.job_id
+    slots: Counter[str] = Counter()
+    free: Counter[str] = Counter()
+    for node in state.nodes.values():
+        for unit in UNITS:
+            indices = {i for i, s in enumerate(node.slots) if s.unit == unit}
+            busy = {i for i in indices if (node.node_id, i) in holders}
+            assert set(node.free.get(unit, ())) == indices - busy, f"free slots of {node.node_id} {unit}"
+            if node.usable:
+                slots[unit] += len(indices)
+                free[unit] += len(indices - busy)
+    for unit in UNITS:
+        assert state.pool_slots.get("default", {}).get(unit, 0) == slots[unit], unit
+        assert state.pool_free.get("default", {}).get(unit, 0) == free[unit], unit
+
+
+def check_jobs(state: ClusterState) -> None:
+    for key, s in state.shares.items():
+        for unit in UNITS:
+            assert s.usage.get(unit, 0) == used(state, key, unit), (key, unit)
+    for record in state.jobs.values():
+        if record.status.value == "RUNNABLE":
+            assert record.attempt_id is None and not record.placements, record.job_id
+        else:
+            assert record.attempt_id is not None, record.job_id
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = CheckedHarness()
+        self.specs: list[ShareBuilder] = []
+        self.serial = 0
+
+    # ----- setup -----------------------------------------------------------------------------------
+
+    @initialize(configs=st.lists(share_configs, min_size=2, max_size=4))
+    def setup(self, configs: list[tuple[Strategy, int, int, int, bool]]) -> None:
+        h = self.h
+        h.policy().environment_limits("se", SE_LIMITS).queue()
+        for node_id, units in NODES.items():
+            h.node(node_id, "default", **units)
+        for index, (strategy, g5, p4, borrow, in_share) in enumerate(configs):
+            builder = share(f"S{index}").limit(g5).limit(p4, P4).in_share_preemption(in_share)
+            if strategy is Strategy.RESERVE:
+                builder.reserve()
+            elif strategy is Strategy.LEND:
+                builder.lend()
+            else:
+                builder.lend_and_borrow(borrow)
+            self.specs.append(builder)
+            h.share(builder)
+
+    # ----- helpers ---------------------------------------------------------------------------------
+
+    def live(self) -> list[JobRecord]:
+        return sorted(self.h.state.jobs.values(), key=lambda j: j.job_id)
+
+    def dispatched(self) -> list[JobRecord]:
+        return [j for j in self.live() if j.attempt_id is not None]
+
+    # ----- rules -----------------------------------------------------------------------------------
+
+    jobs_to_submit = st.lists(
+        st.tuples(
+            st.integers(0, 3),  # share
+            st.integers(0, 3),  # priority
+            st.integers(1, 3),  # count
+            st.sampled_from(UNITS),
+            st.sampled_from([None, 0, 1]),  # preemptionRetriesBeforeTermination
+            st.integers(1, 2),  # retry attempts
+            st.sampled_from([None, None, 30]),  # attemptDurationSeconds
+        ),
+        min_size=1,
+        max_size=3,
+    )
+
+    def submit_jobs(self, specs: list[tuple[int, int, int, str, int | None, int, int | None]]) -> None:
+        for share_index, priority, count, unit, preemption_retries, attempts, timeout in specs:
+            self.serial += 1
+            builder = job(f"j{self.serial}").share(f"S{share_index % len(self.specs)}").priority(priority)
+            builder.needs(count if unit == G5 else min(count, 2), unit).retries(attempts)
+            if preemption_retries is not None:
+                builder.preemption_retries(preemption_retries)
+            if timeout is not None:
+                builder.timeout(timeout)
+            self.h.submit(builder)
+
+    @rule(specs=jobs_to_submit)
+    def submit(self, specs: list[tuple[int, int, int, str, int | None, int, int | None]]) -> None:
+        self.submit_jobs(specs)
+
+    @rule(share_index=st.integers(0, 3), unit=st.sampled_from(UNITS), size=st.integers(2, 5))
+    def flood(self, share_index: int, unit: str, size: int) -> None:
+        """Several one-instance jobs for one LEND_AND_BORROW share (if any): it starts borrowing."""
+        borrowers = [i for i, b in enumerate(self.specs) if b.fields["strategy"] is Strategy.LEND_AND_BORROW]
+        target = borrowers[share_index % len(borrowers)] if borrowers else share_index
+        self.submit_jobs([(target, 0, 1, unit, None, 1, None)] * size)
+
+    @rule(specs=jobs_to_submit)
+    def submit_more(self, specs: list[tuple[int, int, int, str, int | None, int, int | None]]) -> None:
+        self.submit_jobs(specs)
+
+    @precondition(lambda self: bool(self.h.state.jobs))
+    @rule(pick=st.integers(0, 10_000), priority=st.integers(0, 3))
+    def set_priority(self, pick: int, priority: int) -> None:
+        jobs = self.live()
+        self.h.set_priority(jobs[pick % len(jobs)].job_id, priority)
+
+    reports = st.sampled_from(["STARTING", "RUNNING", "SUCCEEDED", "SUCCEEDED", "FAILED", "STOPPED"])
+
+    def report_on(self, pick: int, status: str) -> None:
+        jobs = self.dispatched()
+        record = jobs[pick % len(jobs)]
+        if record.stop is not None and status in ("STARTING", "RUNNING"):
+            status = "STOPPED"  # a node told to stop mostly does so
+        fields: dict[str, Any] = {"exit_code": 1} if status == "FAILED" else {}
+        self.h.report(record.job_id, status, **fields)
+
+    @precondition(lambda self: any(j.attempt_id for j in self.h.state.jobs.values()))
+    @rule(pick=st.integers(0, 10_000), status=reports)
+    def report(self, pick: int, status: str) -> None:
+        self.report_on(pick, status)
+
+    @precondition(lambda self: any(j.attempt_id for j in self.h.state.jobs.values()))
+    @rule(pick=st.integers(0, 10_000), status=reports)
+    def report_more(self, pick: int, status: str) -> None:
+        self.report_on(pick, status)
+
+    @precondition(lambda self: any(j.stop is not None for j in self.h.state.jobs.values()))
+    @rule()
+    def stopping_attempts_stop(self) -> None:
+        """The node agents report every attempt they were told to stop as stopped."""
+        self.h.stop_all_preempted()
+
+    @precondition(lambda self: bool(self.h.state.jobs))
+    @rule(pick=st.integers(0, 10_000))
+    def terminate(self, pick: int) -> None:
+        jobs = self.live()
+        self.h.terminate(jobs[pick % len(jobs)].job_id)
+
+    @rule(ms=st.sampled_from([1_000, 20_000, 61_000]))
+    def time_passes(self, ms: int) -> None:
+        self.h.elapse(ms)
+
+    @rule(
+        node_id=st.sampled_from(sorted(NODES)),
+        action=st.sampled_from(["silent", "deregister", "register", "register-other-slots"]),
+    )
+    def node_event(self, node_id: str, action: str) -> None:
+        """S5.7: a node misses its heartbeats (the others keep beating) or deregisters; or a node
+        (re-)registers, possibly with other slots (rejected while it runs attempts)."""
+        if action == "silent":
+            self.h.elapse(31_000, silent=[node_id])
+        elif action == "deregister":
+            self.h.deregister(node_id)
+        else:
+            layout = ALT_NODES if action == "register-other-slots" else NODES
+            self.h.node(node_id, "default", **layout[node_id])
+
+    @rule(
+        share_index=st.one_of(st.none(), st.integers(0, 3)),
+        g5=st.integers(1, 4),
+        p4=st.integers(1, 2),
+        se_g5=st.sampled_from([3, 6, 8]),
+    )
+    def change_limits(self, share_index: int | None, g5: int, p4: int, se_g5: int) -> None:
+        """S4.5: a share's limits (or, for ``None``, the SE's g5 limit) change."""
+        if share_index is None:
+            self.h.environment_limits("se", {G5: se_g5, P4: SE_LIMITS[P4]})
+            return
+        builder = self.specs[share_index % len(self.specs)]
+        builder.limit(g5).limit(p4, P4)
+        self.h.share(builder)
+
+    # ----- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def state_is_consistent(self) -> None:
+        state = self.h.state
+        check_nodes(state)
+        check_jobs(state)
+        assert fingerprint(self.h.shadow) == fingerprint(state), "JSON-fed shadow state differs"
+
+    @invariant()
+    def pass_is_a_fixpoint(self) -> None:
+        """S3.3: the pass after each input decided everything; a forced full pass decides nothing."""
+        state = self.h.state
+        if "policy" not in state.policies:
+            return
+        probe = inp.UpdateSchedulingPolicy(
+            event_id="probe", occurred_at=self.h.now, spec=state.policies["policy"]
+        )
+        missed = [e for e in decide(state, probe) if not isinstance(e, ev.SchedulingPolicyChanged)]
+        assert not missed, f"a full pass still decides {missed}"
+
+    # ----- teardown: liveness and replay -----------------------------------------------------------
+
+    def teardown(self) -> None:
+        if not self.h.state.shares:
+            return
+        self.quiesce()
+        self.check_liveness()
+        self.check_replay()
+
+    def quiesce(self) -> None:
+        """S7.7's setting: all nodes back, then only completions until nothing holds capacity."""
+        h = self.h
+        for node_id, units in NODES.items():
+            node = h.state.nodes.get(node_id)
+            if node is None or not node.online:
+                h.node(node_id, "default", **units)
+        for _ in range(20 * (len(h.state.jobs) + 5)):
+            jobs = self.dispatched()
+            if not jobs:
+                break
+            record = jobs[0]
+            h.report(record.job_id, "STOPPED" if record.stop is not None else "SUCCEEDED")
+        assert not self.dispatched(), "completions did not drain the cluster"
+        assert not h.state.holds, "a hold survived with no victim stopping"
+
+    def check_liveness(self) -> None:
+        state = self.h.state
+        for key, s in state.shares.items():
+            head = state.head(s)
+            if head is None:
+                continue
+            unit, k, spec = head.unit, head.count, s.spec
+            most = max_of(spec, unit)
+            fits_share = k <= limit_of(spec, unit) or (
+                spec.strategy is Strategy.LEND_AND_BORROW and (most is None or k <= most)
+            )
+            others = sum(
+                limit_of(r.spec, unit)
+                for other, r in state.shares.items()
+                if other != key and r.spec.strategy is Strategy.RESERVE
+            )
+            assert not (
+                fits_share and k + others <= capacity(state, unit)
+            ), f"S7.7: head {head.job_id} of {key} fits ({k} {unit}) but stays RUNNABLE"
+
+    def check_replay(self) -> None:
+        h = self.h
+        timeout = h.state.heartbeat_timeout_ms
+        assert fingerprint(replay(h.events, timeout)) == fingerprint(h.state), "S7.6: replay differs"
+        fresh = ClusterState(timeout)
+        for message, recorded in h.decisions:
+            events = decide(fresh, message)
+            assert [e.model_dump() for e in events] == [e.model_dump() for e in recorded], message
+            for event in events:
+                evolve(fresh, event)
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestSchedulerInvariants = SchedulerMachine.TestCase
+
+
+def test_registered_slot_offers_are_sane() -> None:
+    """The machine's node configurations stay within the SE (guards the liveness arithmetic)."""
+    for layout in (NODES, ALT_NODES):
+        offered = Counter(unit.replace("_", ".") for units in layout.values() for unit in units)
+        assert set(offered) <= set(UNITS)
+    assert SlotOffer(unit=G5).gpus == ()
