@@ -17,13 +17,13 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
                 occurred_at=event.occurred_at,
                 node_id=p.node_id,
                 job_id=event.job_id,
-                job_name=job.spec.job_name,
+                job_name=job.job_name,
                 attempt_id=event.attempt_id,
                 attempt_number=event.attempt_number,
                 unit=event.unit,
                 slots=p.slots,
                 gpus=p.gpus,
-                payload=job.spec.payload,
+                payload=job.payload,
             )
             for p in event.placements
         ]

@@ -326,7 +326,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """S5.7: a node misses its heartbeats (the others keep beating) or deregisters; or a node
         (re-)registers, possibly with other slots (rejected while it runs attempts)."""
         if action == "silent":
-            self.h.elapse(31_000, silent=[node_id])
+            self.h.elapse(38_000, silent=[node_id])
         elif action == "deregister":
             self.h.deregister(node_id)
         else:

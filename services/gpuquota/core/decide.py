@@ -348,7 +348,7 @@ def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
 def _attempt_failed(ctx: Context, job: JobRecord, reason: str) -> None:
     """S5.4: retry while attempts remain and ``evaluateOnExit`` says RETRY; otherwise FAILED."""
     assert job.attempt_id is not None
-    if job.failures + 1 < job.spec.retry_attempts and retry_allowed(job.spec.evaluate_on_exit, reason):
+    if job.failures + 1 < job.retry_attempts and retry_allowed(job.evaluate_on_exit, reason):
         ctx.emit(
             ev.JobRequeued, job_id=job.job_id, attempt_id=job.attempt_id, cause="RETRY", status_reason=reason
         )
@@ -371,7 +371,7 @@ def _stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
             status_reason=reason,
         )
     elif stop.cause == "PREEMPTED":
-        retries = job.spec.preemption_retries
+        retries = job.preemption_retries
         if retries is not None and job.preempted_count + 1 > retries:
             reason = f"{stop.reason}; preemption retries exhausted ({retries})"
             ctx.emit(
@@ -475,13 +475,18 @@ def _jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
     )
 
 
+def heartbeat_granularity(state: ClusterState) -> int:
+    """How often heartbeats are recorded in the log: enough to decide node loss, not more."""
+    return state.heartbeat_timeout_ms // 4
+
+
 @_handles(inp.NodeHeartbeat)
 def _heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
     node = ctx.state.nodes.get(m.node_id)
     if node is None or not node.online:
         return reject(ctx, m, f"Node {m.node_id} is not registered; register it again")
     # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
-    if m.occurred_at - node.last_heartbeat >= ctx.state.heartbeat_timeout_ms // 4:
+    if m.occurred_at - node.last_heartbeat >= heartbeat_granularity(ctx.state):
         ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)
     return False
 
@@ -527,11 +532,11 @@ def _lose_node(ctx: Context, node_id: str, reason: str) -> None:
 @_handles(inp.Tick)
 def _tick(ctx: Context, m: inp.Tick) -> bool:
     state, now = ctx.state, m.occurred_at
-    expired = sorted(
-        n.node_id
-        for n in state.nodes.values()
-        if n.online and now - n.last_heartbeat > state.heartbeat_timeout_ms
-    )
+    # Heartbeats are recorded at most every timeout/4 (``_heartbeat``), so the last *recorded* one can
+    # be up to timeout/4 older than the last received one: allow that much more, never declaring a node
+    # lost while a heartbeat arrived within the timeout (S5.7).
+    limit = state.heartbeat_timeout_ms + heartbeat_granularity(state)
+    expired = sorted(n.node_id for n in state.nodes.values() if n.online and now - n.last_heartbeat > limit)
     for node_id in expired:
         _lose_node(ctx, node_id, f"Node {node_id} lost")
     for deadline, job_id, attempt_id in list(state.deadlines.irange(maximum=(now, "\uffff", "\uffff"))):

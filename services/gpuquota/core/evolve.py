@@ -140,11 +140,12 @@ def _release(state: ClusterState, job: JobRecord) -> None:
         _reindex(state, node, job.unit, before)
         if node.usable:
             state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, len(placement.slots))
+    _drop_victim(state, job)
     share = state.shares[job.share]
     state.dict_add(share.usage, job.unit, -job.count)
     state.set_discard(state.child(share.dispatched, job.unit, set), job.job_id)
-    if job.spec.attempt_duration_seconds is not None and job.started_at is not None:
-        deadline = job.started_at + job.spec.attempt_duration_seconds * 1000
+    if job.attempt_duration_seconds is not None and job.started_at is not None:
+        deadline = job.started_at + job.attempt_duration_seconds * 1000
         state.sorted_discard(state.deadlines, (deadline, job.job_id, job.attempt_id))
     for hold in state.holds.values():
         state.set_discard(hold.victims, job.job_id)
@@ -152,6 +153,17 @@ def _release(state: ClusterState, job: JobRecord) -> None:
     job.put("placements", ())
     job.put("stop", None)
     job.put("started_at", None)
+
+
+def _add_victim(state: ClusterState, job: JobRecord) -> None:
+    share = state.shares[job.share]
+    state.sorted_add(state.child(share.victims, job.unit, SortedList), job.victim_key)
+
+
+def _drop_victim(state: ClusterState, job: JobRecord) -> None:
+    """The job stops being a preemption candidate (it is stopping, or its attempt is over)."""
+    if job.dispatched and job.stop is None:
+        state.sorted_discard(state.shares[job.share].victims[job.unit], job.victim_key)
 
 
 def _forget(state: ClusterState, job: JobRecord, at: int) -> None:
@@ -195,6 +207,7 @@ def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
     job.put("placements", event.placements)
     job.put("scheduled_at", event.occurred_at)
     job.put("dispatch_seq", state.dispatch_counter)
+    _add_victim(state, job)
     if job.job_id in state.holds:
         state.dict_pop(state.holds, job.job_id)
 
@@ -209,8 +222,8 @@ def _running(state: ClusterState, event: ev.JobRunning) -> None:
     job = state.jobs[event.job_id]
     job.put("status", JobStatus.RUNNING)
     job.put("started_at", event.occurred_at)
-    if job.spec.attempt_duration_seconds is not None:
-        deadline = event.occurred_at + job.spec.attempt_duration_seconds * 1000
+    if job.attempt_duration_seconds is not None:
+        deadline = event.occurred_at + job.attempt_duration_seconds * 1000
         state.sorted_add(state.deadlines, (deadline, job.job_id, event.attempt_id))
 
 
@@ -241,6 +254,7 @@ def _requeued(state: ClusterState, event: ev.JobRequeued) -> None:
 @_handles(ev.JobPreempted)
 def _preempted(state: ClusterState, event: ev.JobPreempted) -> None:
     victim = state.jobs[event.job_id]
+    _drop_victim(state, victim)
     victim.put("stop", StopInfo("PREEMPTED", event.status_reason, event.preemptor_job_id))
     hold = state.holds.get(event.preemptor_job_id)
     if hold is None:
@@ -255,7 +269,9 @@ def _preempted(state: ClusterState, event: ev.JobPreempted) -> None:
 
 @_handles(ev.JobStopRequested)
 def _stop_requested(state: ClusterState, event: ev.JobStopRequested) -> None:
-    state.jobs[event.job_id].put("stop", StopInfo(event.cause, event.status_reason))
+    job = state.jobs[event.job_id]
+    _drop_victim(state, job)
+    job.put("stop", StopInfo(event.cause, event.status_reason))
 
 
 @_handles(ev.JobPriorityChanged)
@@ -266,7 +282,10 @@ def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
         job.put("priority", event.priority)
         _enqueue(state, job, event.occurred_at)
     else:
+        _drop_victim(state, job)
         job.put("priority", event.priority)
+        if job.stop is None:
+            _add_victim(state, job)
 
 
 @_handles(ev.PreemptionHoldReleased)

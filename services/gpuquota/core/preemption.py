@@ -22,19 +22,13 @@ share changes its idle reserve) and ``k`` free slots, counting only slots on usa
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 
-from gpuquota.core.quota import Figures, Ledger, share_limit, share_usage, usable_slots
-from gpuquota.core.state import JobRecord, ShareKey
-from gpuquota.wire.base import Strategy
+from gpuquota.core.quota import Figures, Ledger, share_limit, usable_slots
+from gpuquota.core.state import JobRecord, ShareKey, VictimKey
 
-VictimKey = tuple[int, int, str]
 Eligible = Callable[[JobRecord, dict[ShareKey, int]], bool]
-
-
-def victim_key(job: JobRecord) -> VictimKey:
-    """S4.1 victim order: lower priority, then most recently dispatched, then job id."""
-    return (job.priority, -job.dispatch_seq, job.job_id)
 
 
 class Simulation:
@@ -49,9 +43,8 @@ class Simulation:
         self.removed_total = 0
         self.freed_slots = 0
         self.reserve_usage = {
-            s.key: (share_limit(s, head.unit), share_usage(state, s, head.unit, head.job_id))
-            for s in ledger.shares
-            if s.spec.strategy is Strategy.RESERVE
+            s.key: (share_limit(s, head.unit), ledger.share_usage(s, head.unit, head.job_id))
+            for s in ledger.reserve_shares
         }
 
     def remove(self, victim: JobRecord, sign: int = 1) -> None:
@@ -78,25 +71,31 @@ class Simulation:
 
 
 def find_victims(
-    ledger: Ledger, head: JobRecord, candidates: list[JobRecord], eligible: Eligible
+    ledger: Ledger, head: JobRecord, candidates: Iterable[VictimKey], eligible: Eligible
 ) -> list[JobRecord] | None:
-    """The victims that let ``head`` fit, in victim order; ``None`` when no set of them suffices."""
-    if not candidates:
+    """The victims that let ``head`` fit; ``None`` when no set of them suffices.
+
+    ``candidates`` arrive in victim order (``JobRecord.victim_key``) and are read lazily: the
+    search usually stops after a few of them.
+    """
+    candidates = iter(candidates)
+    first = next(candidates, None)
+    if first is None:
         return None
     share = ledger.state.shares[head.share]
     sim = Simulation(ledger, head, ledger.figures(share, head.unit, head.count, exclude=head.job_id))
-    heap = [(victim_key(job), job.job_id) for job in candidates]
-    heapq.heapify(heap)
     jobs = ledger.state.jobs
     chosen: list[JobRecord] = []
     fitted = False
-    while heap and not fitted:
-        victim = jobs[heapq.heappop(heap)[1]]
+    for key in itertools.chain((first,), candidates):
+        victim = jobs[key[2]]
         if not eligible(victim, sim.removed):
             continue
         chosen.append(victim)
         sim.remove(victim)
-        fitted = sim.fits()
+        if sim.fits():
+            fitted = True
+            break
     if not fitted:
         return None
     for victim in reversed(list(chosen)):
@@ -108,35 +107,29 @@ def find_victims(
     return chosen
 
 
-def cross_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[list[JobRecord], Eligible]:
+def cross_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[Iterator[VictimKey], Eligible]:
     """S4.1: dispatched, not-yet-stopping jobs of *other* shares that borrow ``head``'s unit."""
     state, unit = ledger.state, head.unit
-    borrowing = {
-        s.key: (share_usage(state, s, unit), share_limit(s, unit))
-        for s in ledger.shares
-        if s.key != head.share and share_usage(state, s, unit) > share_limit(s, unit)
-    }
-    candidates = [
-        state.jobs[job_id]
-        for key in borrowing
-        for job_id in state.shares[key].dispatched.get(unit, ())
-        if state.jobs[job_id].stop is None
-    ]
+    borrowing = {}
+    for s in ledger.shares:
+        usage, limit = ledger.share_usage(s, unit), share_limit(s, unit)
+        if s.key != head.share and usage > limit:
+            borrowing[s.key] = (usage, limit)
+    queues: list[Iterable[VictimKey]] = [state.shares[key].victims.get(unit, ()) for key in borrowing]
 
     def still_borrowing(victim: JobRecord, removed: dict[ShareKey, int]) -> bool:
         usage, limit = borrowing[victim.share]
         return usage - removed.get(victim.share, 0) > limit
 
-    return candidates, still_borrowing
+    return iter(heapq.merge(*queues)), still_borrowing
 
 
-def in_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[list[JobRecord], Eligible]:
+def in_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[Iterator[VictimKey], Eligible]:
     """S4.2: dispatched, not-yet-stopping jobs of the head's own share with strictly lower priority."""
-    state = ledger.state
-    share = state.shares[head.share]
-    candidates = [
-        state.jobs[job_id]
-        for job_id in share.dispatched.get(head.unit, ())
-        if state.jobs[job_id].priority < head.priority and state.jobs[job_id].stop is None
-    ]
-    return candidates, lambda victim, removed: True
+    victims = ledger.state.shares[head.share].victims.get(head.unit)
+    lower = (
+        ()
+        if victims is None
+        else victims.irange(maximum=(head.priority, -(2**62), ""), inclusive=(True, False))
+    )
+    return iter(lower), lambda victim, removed: True

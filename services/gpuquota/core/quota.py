@@ -30,12 +30,12 @@ from gpuquota.wire.base import ServiceEnvironmentSpec, State, Strategy
 
 def share_limit(share: ShareRecord, unit: str) -> int:
     """L(s,u): the share's own capacity for ``unit``; 0 when it lists no limit for it."""
-    return share.spec.limit(unit) or 0
+    return share.limits.get(unit, 0)
 
 
 def share_max_usage(share: ShareRecord, unit: str) -> int | None:
     """M(s,u): the most the share may ever hold of ``unit``; ``None`` means unbounded (S2.3)."""
-    own = share.spec.limit(unit)
+    own = share.limits.get(unit)
     if own is None:
         return 0
     if share.spec.strategy is not Strategy.LEND_AND_BORROW:
@@ -212,6 +212,7 @@ class Ledger:
         self.state = state
         self.environment = environment
         self.shares = shares_of_environment(state, environment.name)
+        self.reserve_shares = [s for s in self.shares if s.spec.strategy is Strategy.RESERVE]
         self._totals: dict[str, tuple[int, Totals]] = {}
 
     def totals(self, unit: str) -> Totals:
@@ -243,6 +244,14 @@ class Ledger:
         )
         self._totals[unit] = (state.applied, totals)
         return totals
+
+    def share_usage(self, share: ShareRecord, unit: str, exclude: str | None = None) -> int:
+        """U(s,u) from the cached totals (``exclude``'s own hold taken out)."""
+        usage = share.usage.get(unit, 0) + self.totals(unit).held_by_share.get(share.key, 0)
+        hold = self.state.holds.get(exclude) if exclude is not None else None
+        if hold is not None and hold.share == share.key and hold.unit == unit:
+            usage -= hold_outstanding(self.state, hold)
+        return usage
 
     def figures(self, share: ShareRecord, unit: str, demand: int, exclude: str | None = None) -> Figures:
         totals = self.totals(unit)

@@ -69,6 +69,7 @@ class EnvironmentPass:
         # Only heads of units the input touched can change (units are independent); backfill looks
         # past heads, so it revisits every unit.
         self.units: set[str] | None = None if self.backfill else ctx.dirty  # live: grows as heads change
+        self.revisit = False
         self.scoped = [s for s in self.shares if s.head_since is not None and self.in_scope_share(s)]
         """Shares whose head is of a unit in scope: the only ones this pass can change."""
 
@@ -88,14 +89,14 @@ class EnvironmentPass:
         # 0. Holds whose victims are gone: dispatch the preemptor, or let it compete again.
         self.settle_holds()
         while True:
-            dispatched = self.state.dispatch_counter
+            self.revisit = False
             # 1. In-quota phase.
             blocked_in_quota = self.sweep(in_quota=True)
             # 2. Borrow phase (FIFO).
             blocked_borrowing = self.sweep(in_quota=False)
-            # A dispatch may give a share a new head of another unit that is within quota: sweep
-            # again until a round dispatches nothing, so the pass ends at a fixpoint.
-            if self.state.dispatch_counter == dispatched:
+            # A borrow dispatch may give its share a new head of another unit that is within quota:
+            # sweep again then, so the pass ends at a fixpoint.
+            if not self.revisit:
                 break
         # 3. Reclaim phase for in-quota heads that did not fit.
         waiting = [job for job in blocked_in_quota if not self.reclaim(job)]
@@ -157,6 +158,9 @@ class EnvironmentPass:
                 successor = self.candidate(share, in_quota)
                 if successor is not None:
                     heapq.heappush(heap, (successor.created_at, successor.job_id, index))
+                elif not in_quota and self.candidate(share, True) is not None:
+                    # A borrower's successor of another unit may be within quota: sweep again.
+                    self.revisit = True
                 continue
             blocked.append(job)
             backfilled.add(index)
@@ -284,7 +288,7 @@ class EnvironmentPass:
                     preemptor_share_usage=figures.share_usage,
                     preemptor_share_limit=figures.share_limit,
                     victim_share_usage=victim_share.usage.get(victim.unit, 0),
-                    victim_share_limit=victim_share.spec.limit(victim.unit) or 0,
+                    victim_share_limit=victim_share.limits.get(victim.unit, 0),
                 ),
             )
 

@@ -38,6 +38,9 @@ from gpuquota.wire.base import (
 QueueKey = tuple[int, int, str]
 """A RUNNABLE job's place in its share: (-priority, created_at, job_id); smallest runs first (S3.1)."""
 
+VictimKey = tuple[int, int, str]
+"""A dispatched job's place as a preemption victim: (priority, -dispatch sequence, job id) (S4.1)."""
+
 ShareKey = tuple[str, str]
 """(job queue name, quota share name): share names are unique within their queue."""
 
@@ -72,23 +75,32 @@ class Mutable:
 
 
 class JobRecord(Mutable):
-    """The scheduler's view of one non-terminal job."""
+    """The scheduler's view of one non-terminal job.
+
+    It copies what it needs out of the submitted ``JobSpec`` instead of keeping the pydantic model:
+    a million queued jobs must fit in about 2 KB each.
+    """
 
     __slots__ = (
+        "attempt_duration_seconds",
         "attempt_id",
         "attempt_number",
         "count",
         "created_at",
         "dispatch_seq",
+        "evaluate_on_exit",
         "failures",
         "job_id",
+        "job_name",
+        "payload",
         "placements",
         "preempted_count",
+        "preemption_retries",
         "priority",
+        "retry_attempts",
         "runnable_since",
         "scheduled_at",
         "share",
-        "spec",
         "started_at",
         "status",
         "status_reason",
@@ -98,13 +110,18 @@ class JobRecord(Mutable):
 
     def __init__(self, journal: list[Journal | None], spec: JobSpec, at: int) -> None:
         super().__init__(journal)
-        self.spec = spec
         self.job_id = spec.job_id
+        self.job_name = spec.job_name
         self.share: ShareKey = (spec.job_queue, spec.quota_share)
         self.unit = spec.unit
         self.count = spec.count
         self.created_at = spec.created_at
         self.priority = spec.priority
+        self.retry_attempts = spec.retry_attempts
+        self.evaluate_on_exit = spec.evaluate_on_exit
+        self.preemption_retries = spec.preemption_retries
+        self.attempt_duration_seconds = spec.attempt_duration_seconds
+        self.payload = spec.payload
         self.status = JobStatus.RUNNABLE
         self.status_reason = ""
         self.attempt_number = 0
@@ -123,6 +140,11 @@ class JobRecord(Mutable):
         return (-self.priority, self.created_at, self.job_id)
 
     @property
+    def victim_key(self) -> VictimKey:
+        """S4.1 victim order: lower priority, then most recently dispatched, then job id."""
+        return (self.priority, -self.dispatch_seq, self.job_id)
+
+    @property
     def dispatched(self) -> bool:
         return self.attempt_id is not None
 
@@ -139,7 +161,17 @@ class StopInfo:
 
 
 class ShareRecord(Mutable):
-    __slots__ = ("deleting", "dispatched", "head_since", "key", "queue", "spec", "usage")
+    __slots__ = (
+        "_limits",
+        "deleting",
+        "dispatched",
+        "head_since",
+        "key",
+        "queue",
+        "spec",
+        "usage",
+        "victims",
+    )
 
     def __init__(self, journal: list[Journal | None], spec: QuotaShareSpec) -> None:
         super().__init__(journal)
@@ -149,8 +181,20 @@ class ShareRecord(Mutable):
         self.queue: SortedList[QueueKey] = SortedList()
         self.usage: dict[str, int] = {}
         self.dispatched: dict[str, set[str]] = {}
+        self.victims: dict[str, SortedList[VictimKey]] = {}
+        """Per unit: dispatched jobs that are not stopping, in S4.1 victim order (``victim_key``)."""
         self.head_since: tuple[str, int] | None = None
         """(job id, since when) of the job at the head of this share (S5.8 time limits)."""
+        self._limits: tuple[QuotaShareSpec, dict[str, int]] | None = None
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """Per unit, the share's own limit; derived from ``spec`` (a cache, not state)."""
+        cached = self._limits
+        if cached is None or cached[0] is not self.spec:
+            cached = (self.spec, {cap.unit: cap.max_capacity for cap in self.spec.capacity_limits})
+            self._limits = cached
+        return cached[1]
 
 
 class Hold:
@@ -325,6 +369,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             tuple(s.queue),
             sorted(s.usage.items()),
             sorted((u, sorted(ids)) for u, ids in s.dispatched.items()),
+            sorted((u, tuple(keys)) for u, keys in s.victims.items()),
             s.head_since,
         )
         for key, s in sorted(state.shares.items())
