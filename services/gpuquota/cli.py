@@ -1,8 +1,8 @@
 """``gpuquota`` command line: a thin dispatcher to the service entry points.
 
-Subcommands: ``version``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``. Services
-read their configuration from ``GPUQUOTA_*`` environment variables (see :mod:`gpuquota.settings`),
-not from flags.
+Subcommands: ``version``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and the client
+commands ``apply``, ``jobs``, ``shares``, ``explain`` (:mod:`gpuquota.ctl`). Services read their
+configuration from ``GPUQUOTA_*`` environment variables (see :mod:`gpuquota.settings`), not from flags.
 """
 
 from __future__ import annotations
@@ -52,6 +52,38 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     configure_up(parser)
 
 
+def _client(name: str) -> Handler:
+    """A client command of :mod:`gpuquota.ctl.commands` (``<name>_command``), run with error handling."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from gpuquota.ctl import commands
+
+        return commands.run(getattr(commands, f"{name}_command"), args)
+
+    return handler
+
+
+def _client_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def configure(parser: argparse.ArgumentParser) -> None:
+        from gpuquota.ctl import commands
+
+        getattr(commands, f"configure_{name}")(parser)
+
+    return configure
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gpuquota.ctl.demo import run_demo
+
+    return run_demo(args)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpuquota.ctl.demo import configure_demo
+
+    configure_demo(parser)
+
+
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
@@ -59,13 +91,22 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     "scheduler": ("run the scheduler for one pool (GPUQUOTA_* env vars)", _not_implemented),
     "node-agent": ("run the agent of one GPU node (flags or GPUQUOTA_* env vars)", _node_agent),
     "up": ("run a whole local deployment in one process", _up),
-    "demo": ("run the end-to-end demo", _not_implemented),
+    "demo": ("run the worked example (S8) end to end and draw its timeline", _demo),
+    "apply": ("create or update policy, environment, queue and quota shares from YAML", _client("apply")),
+    "jobs": ("list, describe, reprioritise or terminate jobs", _client("jobs")),
+    "shares": ("show quota shares: limits, usage, borrowed, lent, queued", _client("shares")),
+    "explain": ("explain why a job waits or was preempted", _client("explain")),
 }
 
 #: subcommand -> adds its flags to its parser
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "node-agent": _node_agent_arguments,
     "up": _up_arguments,
+    "demo": _demo_arguments,
+    "apply": _client_arguments("apply"),
+    "jobs": _client_arguments("jobs"),
+    "shares": _client_arguments("shares"),
+    "explain": _client_arguments("explain"),
 }
 
 

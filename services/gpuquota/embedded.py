@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
+from gpuquota.core.explain import explain
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
 from gpuquota.readmodel import ReadModel
@@ -93,7 +94,12 @@ class EmbeddedStack:
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route
         await shell.start()
-        self.gateway = Gateway(shell.read_model, EmbeddedCommandPort(shell), clock=shell.clock)
+        self.gateway = Gateway(
+            shell.read_model,
+            EmbeddedCommandPort(shell),
+            clock=shell.clock,
+            explainer=lambda job_id: explain(shell.state, job_id),
+        )
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -39,6 +39,8 @@ S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, Quo
 
 RECENT_PREEMPTIONS = 10
 """How many preempted attempts ``preemptionSummary.recentPreemptedAttempts`` keeps (newest first)."""
+HISTORY = 64
+"""How many status changes ``JobView.history`` keeps (the oldest are dropped)."""
 
 ShareKey = tuple[str, str]
 RunnableKey = tuple[int, int, str]
@@ -89,6 +91,10 @@ class JobView:
     held: tuple[str, int] | None = None
     preempted_count: int = 0
     recent_preempted: list[AttemptView] = field(default_factory=list)
+    preemptions: list[dict[str, Any]] = field(default_factory=list)
+    """The preemption decisions against this job (``JobPreempted``), newest first, at most 10."""
+    history: list[tuple[int, str]] = field(default_factory=list)
+    """(epoch ms, status) of the job's status changes, oldest first (timelines, ``gpuquota explain``)."""
     tags: dict[str, str] = field(default_factory=dict)
     pending_input: str | None = None
 
@@ -132,8 +138,18 @@ class ReadModel:
     def apply(self, event: ev.SchedulerEvent) -> None:
         self.last_event_at = max(self.last_event_at, event.occurred_at)
         handler = getattr(self, f"_on_{event.type}", None)
-        if handler is not None:
-            handler(event)
+        if handler is None:
+            return
+        job_id = event.job.job_id if isinstance(event, ev.JobAccepted) else getattr(event, "job_id", None)
+        before = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        status = None if before is None or before.pending_input is not None else before.status
+        handler(event)
+        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is not None and job.status is not status:
+            if not job.history:
+                job.history.append((job.spec.created_at, JobStatus.SUBMITTED.value))
+            job.history.append((event.occurred_at, job.status.value))
+            del job.history[:-HISTORY]
 
     def _resource(self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str) -> None:
         if status == "DELETED":
@@ -259,6 +275,27 @@ class ReadModel:
         job.runnable_since = e.occurred_at
         job.started_at = None
         self._enqueue(job)
+
+    def _on_JobPreempted(self, e: ev.JobPreempted) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None:
+            return
+        preemptor = self.jobs.get(e.preemptor_job_id)
+        job.preemptions.insert(
+            0,
+            {
+                "decidedAt": e.occurred_at,
+                "attemptId": e.attempt_id,
+                "kind": e.kind,
+                "preemptorJobId": e.preemptor_job_id,
+                "preemptorJobName": None if preemptor is None else preemptor.spec.job_name,
+                "preemptorQuotaShareName": e.preemptor_share,
+                "victimQuotaShareName": e.victim_share,
+                "statusReason": e.status_reason,
+                "figures": {_camel(k): v for k, v in e.figures.model_dump().items()},
+            },
+        )
+        del job.preemptions[RECENT_PREEMPTIONS:]
 
     def _on_JobPriorityChanged(self, e: ev.JobPriorityChanged) -> None:
         job = self.jobs[e.job_id]
@@ -446,23 +483,76 @@ class ReadModel:
     def share_usage(self, queue: str, share: str) -> dict[str, int]:
         return {u: n for u, n in sorted(self.usage.get((queue, share), {}).items()) if n}
 
-    def share_table(self) -> list[dict[str, Any]]:
-        """One row per share: limits, strategy, usage per unit and queued jobs (``gpuquota shares``)."""
+    def share_table(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """One row per share (of ``queue``, or of every queue): limits, strategy, usage, borrowed and lent
+        instances per unit and queued jobs (``gpuquota shares``).
+
+        ``borrowed`` is ``max(0, U - L)``. ``lent`` attributes the queue's borrowed instances that the
+        service environment's capacity not covered by any share cannot explain to the idle capacity of
+        LEND and LEND_AND_BORROW shares, in share-name order: a display figure, not a decision input.
+        """
         rows = []
-        for (queue, name), view in sorted(self.shares.items()):
+        lent = self._lent()
+        for (queue_name, name), view in sorted(self.shares.items()):
+            if queue is not None and queue_name != queue:
+                continue
+            spec = view.spec
+            limits = {c.unit: c.max_capacity for c in spec.capacity_limits}
+            usage = self.share_usage(queue_name, name)
+            borrowed = {u: n - limits.get(u, 0) for u, n in usage.items() if n > limits.get(u, 0)}
             rows.append(
                 {
-                    "jobQueue": queue,
+                    "jobQueue": queue_name,
                     "quotaShareName": name,
-                    "strategy": view.spec.strategy.value,
-                    "limits": {c.unit: c.max_capacity for c in view.spec.capacity_limits},
-                    "usage": self.share_usage(queue, name),
-                    "runnable": len(self.runnable.get((queue, name), ())),
-                    "state": view.spec.state.value,
+                    "strategy": spec.strategy.value,
+                    "borrowLimit": spec.borrow_limit if spec.strategy is Strategy.LEND_AND_BORROW else None,
+                    "inSharePreemption": "ENABLED" if spec.in_share_preemption else "DISABLED",
+                    "limits": limits,
+                    "usage": usage,
+                    "borrowed": borrowed,
+                    "lent": lent.get((queue_name, name), {}),
+                    "runnable": len(self.runnable.get((queue_name, name), ())),
+                    "state": spec.state.value,
                     "status": view.status,
                 }
             )
         return rows
+
+    def _lent(self) -> dict[ShareKey, dict[str, int]]:
+        by_queue: dict[str, list[ResourceView[QuotaShareSpec]]] = {}
+        for (queue_name, _), view in sorted(self.shares.items()):
+            by_queue.setdefault(queue_name, []).append(view)
+        out: dict[ShareKey, dict[str, int]] = {}
+        for queue_name, views in by_queue.items():
+            queue = self.queues.get(queue_name)
+            environment = None if queue is None else self.environments.get(queue.spec.service_environment)
+            capacity = (
+                {}
+                if environment is None
+                else {c.unit: c.max_capacity for c in environment.spec.capacity_limits}
+            )
+            for unit, total in capacity.items():
+                covered = 0
+                borrowed = 0
+                for view in views:
+                    limit = next((c.max_capacity for c in view.spec.capacity_limits if c.unit == unit), 0)
+                    used = self.usage.get((queue_name, view.spec.name), {}).get(unit, 0)
+                    covered += limit
+                    borrowed += max(0, used - limit)
+                to_attribute = max(0, borrowed - max(0, total - covered))
+                for view in views:
+                    if to_attribute <= 0:
+                        break
+                    if view.spec.strategy is Strategy.RESERVE:
+                        continue
+                    limit = next((c.max_capacity for c in view.spec.capacity_limits if c.unit == unit), 0)
+                    used = self.usage.get((queue_name, view.spec.name), {}).get(unit, 0)
+                    idle = max(0, limit - used)
+                    if idle:
+                        given = min(idle, to_attribute)
+                        out.setdefault((queue_name, view.spec.name), {})[unit] = given
+                        to_attribute -= given
+        return out
 
     def snapshot(self, queue: str, now: int) -> dict[str, Any]:
         """``GetJobQueueSnapshot`` for ``queue`` (which must exist)."""
@@ -511,3 +601,8 @@ class ReadModel:
                 "lastUpdatedAt": now,
             },
         }
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)

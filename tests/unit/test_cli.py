@@ -16,7 +16,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"gpuquota {__version__}\n"
 
 
-@pytest.mark.parametrize("command", ["gateway", "scheduler", "node-agent", "demo"])
+@pytest.mark.parametrize("command", ["gateway", "scheduler", "node-agent"])
 def test_unimplemented_commands_exit_2(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([command]) == 2
     captured = capsys.readouterr()

@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gpuquota.arns import ArnFactory
+from gpuquota.core.explain import Explanation
 from gpuquota.gateway.errors import ApiError, ClientException, ServerException
 from gpuquota.gateway.params import Params, check_tags, paginate
 from gpuquota.gateway.ports import CommandPort, CommandRejected
@@ -59,6 +60,8 @@ M = TypeVar("M", bound=Message)
 B = TypeVar("B", bound=BaseModel)
 S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, QuotaShareSpec)
 Operation = Callable[[Params], Awaitable[dict[str, Any]]]
+Explainer = Callable[[str], Explanation | None]
+"""``gpuquota.core.explain.explain`` bound to the scheduler's state (embedded mode)."""
 
 MAX_SHARES_PER_QUEUE = 20
 MAX_PAYLOAD_BYTES = 10 * 1024
@@ -83,11 +86,13 @@ class Gateway:
         *,
         clock: Clock = wall_clock_ms,
         pool: str = "default",
+        explainer: Explainer | None = None,
     ) -> None:
         self.rm = read_model
         self.port = port
         self.clock = clock
         self.pool = pool
+        self.explainer = explainer
         self.operations: dict[str, Operation] = {
             name.lower(): getattr(self, f"op_{name}")
             for name in (
@@ -799,12 +804,59 @@ class Gateway:
             return {"tags": dict(target.tags)}
         return {"tags": dict(target.spec.tags)}
 
+    # ----- gpuquota extensions (not AWS): ``gpuquota shares`` and ``gpuquota explain`` ------------
+
+    async def shares(self, queue_ref: str | None) -> dict[str, Any]:
+        """Per share: strategy, limits, usage, borrowed, lent and queued jobs (of one queue or all)."""
+        queue = None if not queue_ref else self._queue(queue_ref).spec.name
+        return {"quotaShares": self.rm.share_table(queue)}
+
+    async def explain(self, ref: str) -> dict[str, Any]:
+        """Why a job waits or was preempted: the core's explanation plus the read model's preemptions."""
+        job = self._job(ref)
+        spec = job.spec
+        out: dict[str, Any] = {
+            "jobId": spec.job_id,
+            "jobName": spec.job_name,
+            "jobQueue": spec.job_queue,
+            "quotaShareName": spec.quota_share,
+            "status": job.status.value,
+            "statusReason": job.status_reason,
+            "schedulingPriority": job.priority,
+            "demand": {"capacityUnit": spec.unit, "quantity": spec.count},
+            "preemptedAttemptCount": job.preempted_count,
+            "explanation": None,
+            "lastPreemption": job.preemptions[0] if job.preemptions else None,
+            "preemptions": list(job.preemptions),
+            "history": [{"at": at, "status": status} for at, status in job.history],
+        }
+        found = None if self.explainer is None or job.terminal else self.explainer(spec.job_id)
+        if found is not None:
+            head = None if found.share_head is None else self.rm.jobs.get(found.share_head)
+            out["explanation"] = {
+                "reason": found.reason,
+                "message": found.message,
+                "position": found.position,
+                "shareHead": found.share_head,
+                "shareHeadName": None if head is None else head.spec.job_name,
+                "figures": {_camel(k): v for k, v in found.figures.items()},
+            }
+        return out
+
+    async def _shares_route(self, request: web.Request) -> web.Response:
+        return _json(await self.shares(request.query.get("queue")))
+
+    async def _explain_route(self, request: web.Request) -> web.Response:
+        return _json(await self.explain(unquote(request.match_info["job"])))
+
     # ----- HTTP --------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/health", _health)
         app.router.add_route("*", "/v1/tags/{arn:.+}", self._tags)
+        app.router.add_get("/gpuquota/v1/shares", self._shares_route)
+        app.router.add_get("/gpuquota/v1/jobs/{job:.+}/explain", self._explain_route)
         app.router.add_route("*", "/v1/{operation}", self._operation)
         app.router.add_route("*", "/{tail:.*}", _unknown)
         return app
@@ -845,6 +897,11 @@ def _matches(job: JobView, name: str, values: list[str]) -> bool:
     if name == "QUOTA_SHARE_NAME":
         return job.spec.quota_share in values
     return False  # SHARE_IDENTIFIER: quota-share jobs have none
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -1,0 +1,172 @@
+"""The client side of the command line: boto3 for the AWS Batch API, urllib for gpuquota's own reads.
+
+Every failure a user can cause (no server, an unknown name, a refused request) becomes a
+:class:`CliError` with a one-line message; the commands print it and exit 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:8642"
+ENDPOINT_ENV = "GPUQUOTA_ENDPOINT"
+REGION = "us-east-1"
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """A failure to report in one line (exit code 1)."""
+
+
+def default_endpoint() -> str:
+    return os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+
+
+def _unreachable(endpoint: str, why: str) -> CliError:
+    return CliError(f"cannot reach gpuquota at {endpoint}: {why} (is `gpuquota up` running? see --endpoint)")
+
+
+def _reason(exc: BaseException) -> str:
+    reason: Any = getattr(exc, "reason", None) or exc
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    text = str(reason)
+    return "connection refused" if "refused" in text.lower() else text
+
+
+class Api:
+    """One gpuquota endpoint: ``batch`` is an unmodified boto3 ``batch`` client pointed at it."""
+
+    def __init__(self, endpoint: str | None = None, *, timeout: float = 30.0) -> None:
+        self.endpoint = (endpoint or default_endpoint()).rstrip("/")
+        parsed = urllib.parse.urlparse(self.endpoint)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise CliError(f"invalid endpoint {self.endpoint!r}: expected http://HOST:PORT")
+        self.timeout = timeout
+        self._batch: Any = None
+
+    @property
+    def batch(self) -> Any:
+        if self._batch is None:
+            import boto3
+            from botocore.config import Config
+
+            credentials: dict[str, str] = {}
+            if not (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
+                # Authentication is off by default: any key signs (and skips the credential chain).
+                credentials = {"aws_access_key_id": "gpuquota", "aws_secret_access_key": "gpuquota"}
+            self._batch = boto3.client(
+                "batch",
+                endpoint_url=self.endpoint,
+                region_name=REGION,
+                config=Config(
+                    retries={"max_attempts": 1, "mode": "standard"},
+                    connect_timeout=5,
+                    read_timeout=self.timeout,
+                ),
+                **credentials,
+            )
+        return self._batch
+
+    def call(self, operation: str, **params: Any) -> dict[str, Any]:
+        """``batch.<operation>(**params)`` without ``ResponseMetadata``; errors become ``CliError``."""
+        with self.errors():
+            out = dict(getattr(self.batch, operation)(**params))
+        out.pop("ResponseMetadata", None)
+        return out
+
+    def pages(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
+        """Every item under ``key`` across the pages of a list operation."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = self.call(operation, **params, **({"nextToken": token} if token else {}))
+            items.extend(page.get(key, []))
+            token = page.get("nextToken")
+            if not token:
+                return items
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+
+        try:
+            yield
+        except ClientError as exc:
+            message = exc.response.get("Error", {}).get("Message") or str(exc)
+            raise CliError(str(message)) from None
+        except (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError) as exc:
+            raise _unreachable(self.endpoint, _reason(exc)) from None
+        except ReadTimeoutError:
+            raise _unreachable(self.endpoint, "timed out") from None
+
+    def get(self, path: str, **query: str | None) -> dict[str, Any]:
+        """``GET`` one of gpuquota's own read endpoints (``/gpuquota/v1/...``) as JSON."""
+        params = {k: v for k, v in query.items() if v is not None}
+        url = self.endpoint + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            raise CliError(_error_message(exc)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise _unreachable(self.endpoint, _reason(exc)) from None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise CliError(f"{url} did not answer JSON") from None
+        if not isinstance(data, dict):
+            raise CliError(f"{url} did not answer a JSON object")
+        return data
+
+    def shares(self, queue: str | None = None) -> list[dict[str, Any]]:
+        rows = self.get("/gpuquota/v1/shares", queue=queue)["quotaShares"]
+        return list(rows)
+
+    def explain(self, job: str) -> dict[str, Any]:
+        return self.get(f"/gpuquota/v1/jobs/{urllib.parse.quote(job, safe='')}/explain")
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(exc.read())
+    except ValueError:
+        body = None
+    finally:
+        exc.close()
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return f"HTTP {exc.code} {exc.reason}"
+
+
+def poll(condition: Callable[[], T | None], deadline: float, interval: float = 0.1) -> T | None:
+    """Call ``condition`` until it returns something other than ``None`` or the monotonic ``deadline``
+    passes; return the last value (``None`` if it never held)."""
+    import time
+
+    while True:
+        value = condition()
+        if value is not None or time.monotonic() >= deadline:
+            return value
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,541 @@
+"""``gpuquota demo``: the worked example of semantics.md S8, end to end, through boto3.
+
+Without ``--endpoint`` it starts an embedded stack (``gpuquota up`` in a background thread: gateway,
+scheduler and one local node agent offering 3 x ml.g5.xlarge) on a free port, with a fresh event log in
+a temporary directory. The default runtime is ``process``: every job is a small real Python process
+that "trains" (counts steps into its checkpoint directory) until it is stopped or 10 minutes pass; a
+preempted job is stopped with SIGTERM and resumes from its checkpoint when it runs again.
+``--runtime simulated`` runs no processes. With ``--endpoint URL`` it drives that stack instead (its
+node agents decide the runtime; the job command is ``python3``).
+
+The demo applies the worked example's resources (the same as ``deploy/examples/worked-example.yaml``),
+then plays the three steps. After each step it polls (with a deadline) until the expected outcome
+holds, prints a table per quota share and the expected and observed job states with PASS/FAIL. At the
+end it terminates its jobs (and waits until they are stopped), writes ``timeline.svg`` to the output
+directory and exits 1 if a step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuquota.ctl import render
+from gpuquota.ctl.api import Api, CliError
+from gpuquota.ctl.apply import apply, parse
+from gpuquota.ctl.commands import format_changes, format_shares
+from gpuquota.ctl.render import Style
+from gpuquota.ctl.timeline import Marker, Timeline, Track, render_svg, segments_from_samples
+
+G5 = "ml.g5.xlarge"
+QUEUE = "my-sm-training-qm-jq"
+DEFAULT_OUTPUT_DIR = ".gpuquota/demo"
+POLL_SECONDS = 0.1
+JOB_SECONDS = 600
+TERMINAL = ("SUCCEEDED", "FAILED")
+DISPATCHED = ("SCHEDULED", "STARTING", "RUNNING")
+
+WORKED_EXAMPLE: dict[str, Any] = {
+    "schedulingPolicy": {"name": "my-qm-scheduling-policy", "idleResourceAssignmentStrategy": "FIFO"},
+    "serviceEnvironment": {"name": "my-sm-training-qm-se", "state": "ENABLED", "capacityLimits": {G5: 3}},
+    "jobQueue": {"name": QUEUE, "priority": 1, "state": "ENABLED"},
+    "quotaShares": [
+        {
+            "name": "QS1",
+            "capacityLimits": {G5: 1},
+            "strategy": "LEND_AND_BORROW",
+            "borrowLimit": 200,
+            "inSharePreemption": "ENABLED",
+        },
+        {"name": "QS2", "capacityLimits": {G5: 1}, "strategy": "LEND", "inSharePreemption": "DISABLED"},
+        {"name": "QS3", "capacityLimits": {G5: 1}, "strategy": "RESERVE", "inSharePreemption": "DISABLED"},
+    ],
+}
+"""The worked example's setup; ``deploy/examples/worked-example.yaml`` says the same (a test checks)."""
+
+JOB_SCRIPT = """\
+import os, signal, sys, time
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+path = os.path.join(os.environ.get("SM_CHECKPOINT_DIR", "."), "step")
+step = int(open(path).read()) if os.path.exists(path) else 0
+name, attempt = os.environ.get("GPUQUOTA_JOB_NAME"), os.environ.get("GPUQUOTA_ATTEMPT")
+print(f"{name} attempt {attempt}: starting at step {step}", flush=True)
+deadline = time.monotonic() + float(sys.argv[1])
+while not stopping and time.monotonic() < deadline:
+    time.sleep(0.1)
+    step += 1
+    with open(path, "w") as f:
+        f.write(str(step))
+print(f"{name}: {'SIGTERM' if stopping else 'done'} at step {step}", flush=True)
+"""
+
+
+def job_payload(python: str, seconds: int = JOB_SECONDS) -> str:
+    """A SageMaker CreateTrainingJob request for one ml.g5.xlarge running ``JOB_SCRIPT``."""
+    return json.dumps(
+        {
+            "TrainingJobName": "gpuquota-demo",
+            "AlgorithmSpecification": {
+                "TrainingInputMode": "File",
+                "ContainerEntrypoint": [python, "-c", JOB_SCRIPT, str(seconds)],
+            },
+            "ResourceConfig": {"InstanceType": G5, "InstanceCount": 1, "VolumeSizeInGB": 1},
+            "StoppingCondition": {"MaxRuntimeInSeconds": seconds + 60},
+            "Environment": {"GPUQUOTA_SIM_DURATION_SECONDS": str(seconds)},
+        }
+    )
+
+
+# ----- expectations --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expect:
+    status: str
+    note: str = ""
+    preempted: int | None = None
+    kind: str | None = None  # cross-share | in-share
+
+    def text(self) -> str:
+        out = self.status
+        if self.preempted:
+            out += f", preempted {self.preempted}x" + (f" ({self.kind})" if self.kind else "")
+        return out
+
+    def holds(self, job: dict[str, Any] | None) -> bool:
+        if job is None or job["status"] != self.status:
+            return False
+        if self.preempted is not None and preempted_count(job) != self.preempted:
+            return False
+        return self.kind is None or preemption_kind(job) == self.kind
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    expect: dict[str, Expect]
+    explain: str
+    """The job whose ``gpuquota explain`` the step shows."""
+
+
+STEPS = (
+    Step(
+        "Submit qs1_job_high (priority 3), qs1_job_med (2), qs1_job_low (1) to QS1",
+        {
+            "qs1_job_high": Expect("RUNNING", "runs in QS1's quota"),
+            "qs1_job_med": Expect("RUNNING", "borrows QS2's idle instance"),
+            "qs1_job_low": Expect("RUNNABLE", "QS3's idle instance is reserved"),
+        },
+        "qs1_job_low",
+    ),
+    Step(
+        "Submit qs2_job_1 (priority 1) to QS2",
+        {
+            "qs2_job_1": Expect("RUNNING", "QS2 takes back the instance it lent"),
+            "qs1_job_med": Expect("RUNNABLE", "cross-share reclaim", 1, "cross-share"),
+            "qs1_job_high": Expect("RUNNING", "keeps running"),
+            "qs1_job_low": Expect("RUNNABLE", "still waits"),
+        },
+        "qs1_job_med",
+    ),
+    Step(
+        "UpdateServiceJob(qs1_job_low, schedulingPriority=4)",
+        {
+            "qs1_job_low": Expect("RUNNING", "highest priority in QS1 now"),
+            "qs1_job_high": Expect("RUNNABLE", "in-share preemption", 1, "in-share"),
+            "qs1_job_med": Expect("RUNNABLE", "stays queued", 1),
+            "qs2_job_1": Expect("RUNNING", "keeps running"),
+        },
+        "qs1_job_high",
+    ),
+)
+
+
+def preempted_count(job: dict[str, Any]) -> int:
+    return int(job.get("preemptionSummary", {}).get("preemptedAttemptCount", 0))
+
+
+def preemption_kind(job: dict[str, Any]) -> str | None:
+    reason = str(job.get("statusReason") or "")
+    for kind in ("cross-share", "in-share"):
+        if f"({kind})" in reason:
+            return kind
+    return None
+
+
+def observed(job: dict[str, Any] | None) -> str:
+    if job is None:
+        return "-"
+    out = str(job["status"])
+    count = preempted_count(job)
+    if count:
+        kind = preemption_kind(job) if job["status"] == "RUNNABLE" else None
+        out += f", preempted {count}x" + (f" ({kind})" if kind else "")
+    return out
+
+
+# ----- the run -------------------------------------------------------------------------------------
+
+
+class BackgroundStack:
+    """An embedded stack on a free port, in a thread with its own event loop."""
+
+    def __init__(self, data_dir: Path, runtime: str, nodes: str = f"{G5}=3") -> None:
+        from gpuquota.embedded import EmbeddedStack
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gpuquota-demo-stack", daemon=True)
+        self.thread.start()
+        self.stack = EmbeddedStack(data_dir, port=0, nodes=nodes, runtime=runtime, preemption_grace=10.0)
+        try:
+            asyncio.run_coroutine_threadsafe(self.stack.start(), self.loop).result(60)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        return self.stack.url
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.stack.stop(), self.loop).result(60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
+@dataclass
+class StepResult:
+    step: Step
+    ok: bool
+    seconds: float
+    jobs: dict[str, dict[str, Any]]
+
+
+@dataclass
+class Demo:
+    api: Api
+    python: str
+    style: Style
+    out: Callable[[str], None] = print
+    step_timeout: float = 30.0
+    ids: dict[str, str] = field(default_factory=dict)
+    """job name -> job id, in submission order"""
+    samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps_at: list[tuple[int, str]] = field(default_factory=list)
+    started_ms: int = 0
+
+    # ----- observation -------------------------------------------------------------------------
+
+    def observe(self) -> dict[str, dict[str, Any]]:
+        """Describe every demo job once; record status changes for the timeline (keyed by name)."""
+        for name, job_id in self.ids.items():
+            job = self.api.call("describe_service_job", jobId=job_id)
+            now = _now_ms()
+            self.latest[name] = job
+            history = self.samples.setdefault(name, [])
+            if not history or history[-1][1] != job["status"]:
+                history.append((now, str(job["status"])))
+        return dict(self.latest)
+
+    def wait(self, condition: Callable[[dict[str, dict[str, Any]]], bool], timeout: float) -> bool:
+        """Poll until ``condition`` holds for the observed jobs or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if condition(self.observe()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_SECONDS)
+
+    # ----- actions -----------------------------------------------------------------------------
+
+    def submit(self, name: str, share: str, priority: int) -> None:
+        out = self.api.call(
+            "submit_service_job",
+            jobName=name,
+            jobQueue=QUEUE,
+            serviceJobType="SAGEMAKER_TRAINING",
+            quotaShareName=share,
+            schedulingPriority=priority,
+            serviceRequestPayload=job_payload(self.python),
+        )
+        self.ids[name] = str(out["jobId"])
+        self.samples.setdefault(name, []).append((_now_ms(), "SUBMITTED"))
+
+    def act(self, index: int) -> None:
+        labels = ("1: submit 3 jobs to QS1", "2: submit qs2_job_1 to QS2", "3: qs1_job_low priority 1 -> 4")
+        self.steps_at.append((_now_ms(), labels[index]))
+        if index == 0:
+            for name, priority in (("qs1_job_high", 3), ("qs1_job_med", 2), ("qs1_job_low", 1)):
+                self.submit(name, "QS1", priority)
+        elif index == 1:
+            self.submit("qs2_job_1", "QS2", 1)
+        else:
+            self.api.call("update_service_job", jobId=self.ids["qs1_job_low"], schedulingPriority=4)
+
+    # ----- the whole demo ----------------------------------------------------------------------
+
+    def setup(self) -> None:
+        s = self.style
+        self.out(s("Setup", "bold") + "  (the same as gpuquota apply -f deploy/examples/worked-example.yaml)")
+        changes = apply(self.api, parse(WORKED_EXAMPLE, "the worked example"))
+        self.out(_indent(format_changes(changes, s)))
+        leftovers = [
+            j
+            for j in self.api.pages(
+                "list_service_jobs",
+                "jobSummaryList",
+                jobQueue=QUEUE,
+                filters=[{"name": "AFTER_CREATED_AT", "values": ["0"]}],
+            )
+            if j["status"] not in TERMINAL
+        ]
+        if leftovers:
+            self.out(f"  terminating {len(leftovers)} job(s) left in {QUEUE} by an earlier run")
+            ids = [j["jobId"] for j in leftovers]
+            self.terminate(ids, "Terminated by gpuquota demo: left over from an earlier run")
+        self.out("")
+
+    def terminate(self, ids: list[str], reason: str) -> bool:
+        for job_id in ids:
+            self.api.call("terminate_service_job", jobId=job_id, reason=reason)
+        deadline = time.monotonic() + 60
+        while True:
+            left = [
+                i for i in ids if self.api.call("describe_service_job", jobId=i)["status"] not in TERMINAL
+            ]
+            if not left or time.monotonic() >= deadline:
+                return not left
+            time.sleep(POLL_SECONDS)
+
+    def run_step(self, index: int) -> StepResult:
+        step = STEPS[index]
+        s = self.style
+        self.out(s(f"Step {index + 1}", "bold", "blue") + "  " + s(step.title, "bold"))
+        began = time.monotonic()
+        self.act(index)
+        ok = self.wait(
+            lambda jobs: all(e.holds(jobs.get(n)) for n, e in step.expect.items()), self.step_timeout
+        )
+        seconds = time.monotonic() - began
+        jobs = dict(self.latest)
+        self.out(self.share_table(jobs))
+        rows = []
+        for name, expect in step.expect.items():
+            good = expect.holds(jobs.get(name))
+            rows.append(
+                [
+                    name,
+                    expect.text() + (s(f"  ({expect.note})", "dim") if expect.note else ""),
+                    observed(jobs.get(name)),
+                    s("ok", "green") if good else s("MISMATCH", "bold", "red"),
+                ]
+            )
+        self.out("")
+        self.out(render.table(["JOB", "EXPECTED", "OBSERVED", ""], rows, indent="  "))
+        self.out(self.explain_line(step.explain))
+        verdict = f"reached in {seconds:.1f} s" if ok else f"not reached within {self.step_timeout:g} s"
+        self.out(f"  {s.verdict(ok)}  step {index + 1}: {verdict}")
+        self.out("")
+        return StepResult(step, ok, seconds, jobs)
+
+    def share_table(self, jobs: dict[str, dict[str, Any]]) -> str:
+        rows = self.api.shares(QUEUE)
+        by_share: dict[str, list[str]] = {}
+        for name, job in jobs.items():
+            short = name.removeprefix("qs1_job_") if name.startswith("qs1_job_") else name
+            by_share.setdefault(str(job.get("quotaShareName")), []).append(
+                f"{short} {self.style.status(str(job['status']))}"
+            )
+        return format_shares(rows, self.style, jobs={k: ", ".join(v) for k, v in by_share.items()})
+
+    def explain_line(self, name: str) -> str:
+        data = self.api.explain(self.ids[name])
+        explanation = data.get("explanation") or {}
+        text = f"  {self.style('explain', 'dim')} {name}: "
+        if explanation:
+            text += f"{explanation['reason']}: {explanation['message']}"
+        else:
+            text += str(data["status"])
+        last = data.get("lastPreemption")
+        if last:
+            by = last.get("preemptorJobName") or last["preemptorJobId"]
+            text += f"; last preempted ({_kind(last['kind'])}) for {by}"
+        return self.replace_ids(text)
+
+    def replace_ids(self, text: str) -> str:
+        for name, job_id in self.ids.items():
+            text = text.replace(job_id, name)
+        return text
+
+    def timeline(self, end: int, subtitle: str) -> Timeline:
+        """The picture of the run: the gateway's exact status history of every job (polled samples
+        when it has none), its preemption decisions and when the victims stopped."""
+        timeline = Timeline(
+            "gpuquota demo: the worked example (semantics.md S8)",
+            subtitle,
+            self.started_ms,
+            end,
+            steps=list(self.steps_at),
+        )
+        for name, job_id in self.ids.items():
+            job = self.latest.get(name) or self.api.call("describe_service_job", jobId=job_id)
+            data = self.api.explain(job_id)
+            history = [(int(h["at"]), str(h["status"])) for h in data.get("history", [])]
+            samples = [(t, st) for t, st in history if t <= end] or self.samples.get(name, [])
+            track = Track(
+                name,
+                f"{job.get('quotaShareName')} · priority {self._priorities(name, job)}",
+                segments_from_samples(samples, end),
+            )
+            for p in reversed(data.get("preemptions", [])):
+                decided = int(p["decidedAt"])
+                stopped = next((t for t, st in history if t > decided and st not in DISPATCHED), None)
+                by = p.get("preemptorJobName") or p["preemptorJobId"]
+                track.markers.append(Marker(decided, p["kind"], f"for {by}", stopped))
+            timeline.tracks.append(track)
+        return timeline
+
+    def _priorities(self, name: str, job: dict[str, Any]) -> str:
+        now = int(job.get("schedulingPriority", 0))
+        first = {"qs1_job_high": 3, "qs1_job_med": 2, "qs1_job_low": 1, "qs2_job_1": 1}.get(name, now)
+        return str(now) if first == now else f"{first} -> {now}"
+
+
+def _kind(kind: str) -> str:
+    return {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}.get(kind, kind)
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ----- the command ---------------------------------------------------------------------------------
+
+
+def configure_demo(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--endpoint", default=None, help="drive a running stack at URL (default: start an embedded one)")
+    add(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        help=f"where timeline.svg goes (default ./{DEFAULT_OUTPUT_DIR})",
+    )
+    add(
+        "--runtime",
+        choices=("process", "simulated"),
+        default="process",
+        help="embedded stack only: jobs as real local processes (default) or simulated",
+    )
+    add("--step-timeout", type=float, default=30.0, help="seconds each step may take (default 30)")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    style = Style.for_stream(sys.stdout)
+    out_dir = Path(args.output_dir)
+    stack: BackgroundStack | None = None
+    temp: tempfile.TemporaryDirectory[str] | None = None
+    api: Api | None = None
+    demo: Demo | None = None
+    results: list[StepResult] = []
+    failed = False
+    try:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
+        print(style("gpuquota demo", "bold") + ": the worked example of semantics.md S8, through boto3")
+        if args.endpoint:
+            endpoint, python = args.endpoint, "python3"
+            where = f"the stack at {endpoint} (its node agents' runtime)"
+        else:
+            logging.getLogger("gpuquota").setLevel(logging.WARNING)
+            temp = tempfile.TemporaryDirectory(prefix="gpuquota-demo-")
+            try:
+                stack = BackgroundStack(Path(temp.name), args.runtime)
+            except OSError as exc:
+                raise CliError(f"cannot start the embedded stack: {exc}") from None
+            endpoint, python = stack.url, sys.executable
+            runtime = (
+                "process runtime: each job is a local Python process, stopped with SIGTERM when preempted"
+                if args.runtime == "process"
+                else "simulated runtime: no processes"
+            )
+            where = f"an embedded stack at {endpoint}, 1 node agent with 3 x {G5}, {runtime}"
+        print(f"  stack: {where}")
+        print("")
+        api = Api(endpoint)
+        demo = Demo(api, python, style, step_timeout=args.step_timeout)
+        demo.started_ms = _now_ms()
+        demo.setup()
+        demo.started_ms = _now_ms()
+        for index in range(len(STEPS)):
+            result = demo.run_step(index)
+            results.append(result)
+            if not result.ok:
+                failed = True
+                break
+        end = _now_ms()
+        subtitle = (
+            f"SE 3 x {G5} · QS1 LEND_AND_BORROW 200%, in-share preemption · QS2 LEND · QS3 RESERVE · "
+            + (f"stack at {endpoint}" if args.endpoint else f"embedded stack, {args.runtime} runtime")
+        )
+        svg = render_svg(demo.timeline(end, subtitle))
+        path = out_dir / "timeline.svg"
+        path.write_text(svg)
+        passed = sum(1 for r in results if r.ok)
+        summary = f"{passed}/{len(STEPS)} steps passed"
+        print(style.verdict(not failed) + "  " + summary)
+        print(f"Timeline: {path}")
+        return 1 if failed else 0
+    except CliError as exc:
+        print(f"gpuquota demo: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpuquota demo: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        _cleanup(demo, api, stack, temp)
+
+
+def _cleanup(
+    demo: Demo | None,
+    api: Api | None,
+    stack: BackgroundStack | None,
+    temp: tempfile.TemporaryDirectory[str] | None,
+) -> None:
+    """Terminate the demo's jobs and wait until they are stopped (no process outlives the demo)."""
+    try:
+        reason = "Terminated by gpuquota demo: the demo is over"
+        if demo is not None and demo.ids and not demo.terminate(list(demo.ids.values()), reason):
+            print("gpuquota demo: some jobs did not stop within 60 s", file=sys.stderr)
+    except CliError as exc:
+        print(f"gpuquota demo: cleaning up: {exc}", file=sys.stderr)
+    finally:
+        if api is not None:
+            api.close()
+        if stack is not None:
+            stack.close()
+        if temp is not None:
+            temp.cleanup()

@@ -1,0 +1,99 @@
+"""Terminal output: aligned tables, and a few colours when stdout is a TTY (and ``NO_COLOR`` is unset)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+_CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+STATUS_COLOURS = {
+    "SUBMITTED": "dim",
+    "RUNNABLE": "yellow",
+    "SCHEDULED": "cyan",
+    "STARTING": "cyan",
+    "RUNNING": "green",
+    "SUCCEEDED": "blue",
+    "FAILED": "red",
+}
+
+
+class Style:
+    """Wraps text in ANSI colours only when ``enabled``."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @classmethod
+    def for_stream(cls, stream: TextIO | None = None) -> Style:
+        stream = stream or sys.stdout
+        tty = hasattr(stream, "isatty") and stream.isatty()
+        return cls(bool(tty) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
+
+    def __call__(self, text: str, *styles: str) -> str:
+        if not self.enabled or not styles:
+            return text
+        codes = ";".join(_CODES[s] for s in styles)
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    def status(self, status: str) -> str:
+        return self(status, STATUS_COLOURS[status]) if status in STATUS_COLOURS else status
+
+    def verdict(self, ok: bool) -> str:
+        return self("PASS", "bold", "green") if ok else self("FAIL", "bold", "red")
+
+
+def visible_len(text: str) -> int:
+    return len(_ANSI.sub("", text))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, indent: str = "", gap: str = "  ") -> str:
+    """Rows aligned under ``headers`` (cells may carry ANSI colours); no trailing spaces."""
+    body = [list(r) for r in rows]
+    widths = [len(h) for h in headers]
+    for row in body:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], visible_len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c + " " * (widths[i] - visible_len(c)) for i, c in enumerate(cells)]
+        return (indent + gap.join(padded)).rstrip()
+
+    return "\n".join([line(list(headers)), *(line(r) for r in body)])
+
+
+def units(counts: dict[str, int] | None, single: str | None = None) -> str:
+    """``{"ml.g5.xlarge": 2}``: ``2`` when ``single`` is that unit, else ``ml.g5.xlarge=2``."""
+    if not counts:
+        return "0" if single is not None else "-"
+    if single is not None and set(counts) <= {single}:
+        return str(counts.get(single, 0))
+    return ",".join(f"{u}={n}" for u, n in sorted(counts.items()))
+
+
+def single_unit(rows: Iterable[dict[str, Any]]) -> str | None:
+    """The only capacity unit the shares use, if there is exactly one."""
+    found = {u for row in rows for u in row.get("limits", {})}
+    return found.pop() if len(found) == 1 else None
+
+
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def dump_json(data: Any, stream: TextIO | None = None) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str), file=stream or sys.stdout)
+
+
+def shorten(text: str | None, width: int = 72) -> str:
+    if not text:
+        return "-"
+    return text if len(text) <= width else text[: width - 1] + "…"
