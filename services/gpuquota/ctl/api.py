@@ -40,8 +40,15 @@ def _reason(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(reason, TimeoutError):
         return "timed out"
-    text = str(reason)
-    return "connection refused" if "refused" in text.lower() else text
+    underlying = getattr(exc, "kwargs", {}).get("error")  # botocore wraps the urllib3 error
+    text = f"{reason} {underlying or ''}".lower()
+    if "refused" in text:
+        return "connection refused"
+    if "name or service not known" in text or "nodename nor servname" in text:
+        return "unknown host"
+    if "timed out" in text:
+        return "timed out"
+    return str(reason)
 
 
 class Api:

@@ -166,11 +166,23 @@ def parse(data: Any, source: str = "the file") -> ApplyDoc:
         error = exc.errors()[0]
         where = _where(tuple(error["loc"]))
         if error["type"] == "extra_forbidden":
-            return _raise(f"{source}: unknown key {where}")
+            allowed = ", ".join(_section(tuple(error["loc"])).model_fields)
+            return _raise(f"{source}: unknown key {where} (expected one of: {allowed})")
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "missing":
             return _raise(f"{source}: missing required key {where}")
         return _raise(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+
+def _section(loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The model that an ``extra_forbidden`` error at ``loc`` is about."""
+    sections: dict[int | str, type[BaseModel]] = {
+        "schedulingPolicy": PolicyDoc,
+        "serviceEnvironment": EnvironmentDoc,
+        "jobQueue": QueueDoc,
+        "quotaShares": ShareDoc,
+    }
+    return sections.get(loc[0], ApplyDoc) if len(loc) > 1 else ApplyDoc
 
 
 def _raise(message: str) -> ApplyDoc:

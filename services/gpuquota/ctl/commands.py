@@ -9,6 +9,7 @@ default, ``--output json`` for scripts. Failures print one line to stderr and ex
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -39,14 +40,25 @@ def run(command: Callable[[Api, argparse.Namespace, Style], int], args: argparse
         api = Api(args.endpoint or default_endpoint())
         return command(api, args, Style.for_stream(sys.stdout))
     except CliError as exc:
-        print(f"gpuquota {args.command}: {exc}", file=sys.stderr)
+        name = " ".join(filter(None, (args.command, getattr(args, "jobs_command", None))))
+        print(f"gpuquota {name}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"gpuquota {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        quiet_stdout()
+        return 1
     finally:
         if api is not None:
             api.close()
+
+
+def quiet_stdout() -> None:
+    """After a broken pipe (``gpuquota jobs list | head``): send what is left of stdout nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 # ----- apply ---------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
 from gpuquota.ctl.apply import apply, parse
-from gpuquota.ctl.commands import format_changes, format_shares
+from gpuquota.ctl.commands import format_changes, format_shares, quiet_stdout
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.timeline import Marker, Timeline, Track, render_svg, segments_from_samples
 
@@ -343,15 +343,16 @@ class Demo:
             rows.append(
                 [
                     name,
-                    expect.text() + (s(f"  ({expect.note})", "dim") if expect.note else ""),
+                    expect.text(),
                     observed(jobs.get(name)),
                     s("ok", "green") if good else s("MISMATCH", "bold", "red"),
+                    s(expect.note, "dim"),
                 ]
             )
         self.out("")
-        self.out(render.table(["JOB", "EXPECTED", "OBSERVED", ""], rows, indent="  "))
+        self.out(render.table(["JOB", "EXPECTED", "OBSERVED", "CHECK", "WHY"], rows, indent="  "))
         self.out(self.explain_line(step.explain))
-        verdict = f"reached in {seconds:.1f} s" if ok else f"not reached within {self.step_timeout:g} s"
+        verdict = f"reached in {seconds:.2f} s" if ok else f"not reached within {self.step_timeout:g} s"
         self.out(f"  {s.verdict(ok)}  step {index + 1}: {verdict}")
         self.out("")
         return StepResult(step, ok, seconds, jobs)
@@ -369,15 +370,14 @@ class Demo:
     def explain_line(self, name: str) -> str:
         data = self.api.explain(self.ids[name])
         explanation = data.get("explanation") or {}
-        text = f"  {self.style('explain', 'dim')} {name}: "
-        if explanation:
-            text += f"{explanation['reason']}: {explanation['message']}"
-        else:
-            text += str(data["status"])
+        lead = f"  {self.style('gpuquota explain', 'dim')} {name}:"
+        text = f"{lead} " + (
+            f"{explanation['reason']}: {explanation['message']}" if explanation else str(data["status"])
+        )
         last = data.get("lastPreemption")
         if last:
-            by = last.get("preemptorJobName") or last["preemptorJobId"]
-            text += f"; last preempted ({_kind(last['kind'])}) for {by}"
+            pad = " " * render.visible_len(lead)
+            text += f"\n{pad} last preemption: {last['statusReason']}"
         return self.replace_ids(text)
 
     def replace_ids(self, text: str) -> str:
@@ -468,7 +468,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(style("gpuquota demo", "bold") + ": the worked example of semantics.md S8, through boto3")
         if args.endpoint:
             endpoint, python = args.endpoint, "python3"
-            where = f"the stack at {endpoint} (its node agents' runtime)"
+            where = f"{endpoint} (its node agents decide the runtime)"
         else:
             logging.getLogger("gpuquota").setLevel(logging.WARNING)
             temp = tempfile.TemporaryDirectory(prefix="gpuquota-demo-")
@@ -478,14 +478,15 @@ def run_demo(args: argparse.Namespace) -> int:
                 raise CliError(f"cannot start the embedded stack: {exc}") from None
             endpoint, python = stack.url, sys.executable
             runtime = (
-                "process runtime: each job is a local Python process, stopped with SIGTERM when preempted"
+                "process runtime: each job is a local Python process; preemption stops it with SIGTERM"
                 if args.runtime == "process"
                 else "simulated runtime: no processes"
             )
-            where = f"an embedded stack at {endpoint}, 1 node agent with 3 x {G5}, {runtime}"
-        print(f"  stack: {where}")
+            where = f"embedded stack at {endpoint}, 1 node agent with 3 x {G5}\n         {runtime}"
+        print(f"  stack  {where}")
         print("")
         api = Api(endpoint)
+        api.get("/health")
         demo = Demo(api, python, style, step_timeout=args.step_timeout)
         demo.started_ms = _now_ms()
         demo.setup()
@@ -515,6 +516,9 @@ def run_demo(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("gpuquota demo: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        quiet_stdout()
+        return 1
     finally:
         _cleanup(demo, api, stack, temp)
 
