@@ -231,6 +231,17 @@ async def test_positions_are_recorded_with_appends(store: EventStore) -> None:
     assert await store.positions("p") == {("in", 0): 12, ("in", 1): 5}
 
 
+async def test_pools_at_lists_the_pools_with_a_position_on_a_partition(store: EventStore) -> None:
+    await store.append("b", 0, *sample_log("b-")[0], position=Position("in", 2, 1))
+    await store.append("a", 0, *sample_log("a-")[0], position=Position("in", 2, 7))
+    await store.append("c", 0, *sample_log("c-")[0], position=Position("in", 3, 1))
+    await store.append("d", 0, *sample_log("d-")[0])
+
+    assert await store.pools_at("in", 2) == ["a", "b"]
+    assert await store.pools_at("in", 3) == ["c"]
+    assert await store.pools_at("other", 2) == []
+
+
 async def test_latest_snapshot_is_the_newest_saved(store: EventStore) -> None:
     await store.save_snapshot("p", Snapshot(seq=2, schema_version=1, state=b"two"))
     newest = Snapshot(seq=5, schema_version=1, state=bytes(range(256)) * 10)

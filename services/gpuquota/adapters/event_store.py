@@ -86,6 +86,10 @@ class EventStore(Protocol):
         """The next offset to consume per (topic, partition), as recorded with the inputs."""
         ...
 
+    async def pools_at(self, topic: str, partition: int) -> list[str]:
+        """The pools with a recorded position on ``(topic, partition)``, sorted (scheduler recovery)."""
+        ...
+
     async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None: ...
 
     async def latest_snapshot(self, pool: str) -> Snapshot | None: ...
@@ -129,6 +133,9 @@ class InMemoryEventStore:
 
     async def positions(self, pool: str) -> dict[tuple[str, int], int]:
         return dict(self.cursor.get(pool, {}))
+
+    async def pools_at(self, topic: str, partition: int) -> list[str]:
+        return sorted(pool for pool, cursor in self.cursor.items() if (topic, partition) in cursor)
 
     async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
         self.snapshots[pool] = snapshot

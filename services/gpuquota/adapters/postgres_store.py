@@ -173,6 +173,13 @@ class PostgresEventStore:
             rows = await self._pool.fetch(sql, pool)
         return {(row[0], row[1]): row[2] for row in rows}
 
+    async def pools_at(self, topic: str, partition: int) -> list[str]:
+        """The pools with a recorded consumer position on ``(topic, partition)`` (scheduler recovery)."""
+        sql = "SELECT pool FROM consumer_positions WHERE topic = $1 AND partition = $2 ORDER BY pool"
+        with _transient():
+            rows = await self._pool.fetch(sql, topic, partition)
+        return [row[0] for row in rows]
+
     async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
         with _transient():
             async with self._pool.acquire() as conn, conn.transaction():

@@ -123,6 +123,11 @@ class SqliteEventStore:
         rows = await self._call(lambda conn: conn.execute(sql, (pool,)).fetchall())
         return {(topic, partition): offset for topic, partition, offset in rows}
 
+    async def pools_at(self, topic: str, partition: int) -> list[str]:
+        sql = "SELECT pool FROM consumer_positions WHERE topic = ? AND partition = ? ORDER BY pool"
+        rows = await self._call(lambda conn: conn.execute(sql, (topic, partition)).fetchall())
+        return [pool for (pool,) in rows]
+
     async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
         await self._call(lambda conn: _save_snapshot(conn, pool, snapshot, self._keep_snapshots))
 

@@ -1,0 +1,152 @@
+"""Kafka plumbing shared by the distributed services: topic names, topic creation, record codecs.
+
+Topic names come from the catalogue (``gpuquota.wire.topics``), optionally behind a prefix
+(``GPUQUOTA_TOPIC_PREFIX``), so several deployments, or several tests, can share one cluster. The
+prefix also prefixes the consumer group ids derived here.
+
+Records: the value is the message's JSON (``model_dump_json``), the key the UTF-8 string the
+catalogue names (pool, job id, node id). Headers carry ``type`` and ``schema_version`` so routers and
+filters need not parse JSON; job-state records also carry ``job_queue`` and ``quota_share``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.partitioner import murmur2
+
+from gpuquota.wire.base import Message
+from gpuquota.wire.inputs import SchedulerInput
+from gpuquota.wire.topics import DEAD_LETTER, JOB_STATE, NODE_COMMANDS, SCHEDULER_INPUTS, Topic
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, bytes]]
+
+_TOPIC_ALREADY_EXISTS = 36
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaTopics:
+    """The topic names (and group ids) of one deployment: the catalogue's names behind ``prefix``."""
+
+    prefix: str = ""
+
+    @property
+    def inputs(self) -> str:
+        return self.prefix + SCHEDULER_INPUTS.name
+
+    @property
+    def job_state(self) -> str:
+        return self.prefix + JOB_STATE.name
+
+    @property
+    def node_commands(self) -> str:
+        return self.prefix + NODE_COMMANDS.name
+
+    @property
+    def dead_letter(self) -> str:
+        return self.prefix + DEAD_LETTER.name
+
+    @property
+    def scheduler_group(self) -> str:
+        """The scheduler's consumer group (the faust app id)."""
+        return self.prefix + "gpuquota-scheduler"
+
+    def node_group(self, node_id: str) -> str:
+        """The consumer group of one node agent (it commits its node-command offsets there)."""
+        return f"{self.prefix}gpuquota-node-{node_id}"
+
+    def catalogue(self) -> list[tuple[str, Topic]]:
+        return [
+            (self.inputs, SCHEDULER_INPUTS),
+            (self.job_state, JOB_STATE),
+            (self.node_commands, NODE_COMMANDS),
+            (self.dead_letter, DEAD_LETTER),
+        ]
+
+
+def bootstrap_list(servers: str) -> list[str]:
+    return [server.strip() for server in servers.split(",") if server.strip()]
+
+
+async def ensure_topics(bootstrap: str, topics: KafkaTopics, partitions: int | None = None) -> None:
+    """Create the deployment's topics as the catalogue describes them; existing ones are kept.
+
+    ``partitions`` overrides the catalogue's partition count (not the dead-letter topic's).
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap))
+    await admin.start()
+    try:
+        new = [
+            NewTopic(
+                name,
+                spec.partitions if partitions is None or spec is DEAD_LETTER else partitions,
+                1,
+                topic_configs=spec.config(),
+            )
+            for name, spec in topics.catalogue()
+        ]
+        response = await admin.create_topics(new)
+        for topic_error in response.topic_errors:
+            name, code = topic_error[0], topic_error[1]
+            if code not in (0, _TOPIC_ALREADY_EXISTS):
+                raise RuntimeError(f"cannot create Kafka topic {name}: error {code} {topic_error[2:]}")
+    finally:
+        await admin.close()
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition the default (Java-compatible murmur2) partitioner picks for ``key``."""
+    digest: int = murmur2(key.encode())
+    return (digest & 0x7FFFFFFF) % partitions
+
+
+def message_headers(message: Message) -> Headers:
+    return [
+        ("type", str(getattr(message, "type", "")).encode()),
+        ("schema_version", str(message.schema_version).encode()),
+    ]
+
+
+def encode(message: Message) -> bytes:
+    return message.model_dump_json().encode()
+
+
+def header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
+    for key, value in headers or ():
+        if key == name:
+            return value.decode("utf-8", errors="replace")
+    return None
+
+
+class InputProducer:
+    """Produces scheduler inputs to the inputs topic, keyed by pool, and waits for the broker's ack.
+
+    Idempotent producer (``acks=all``): a retried send is not duplicated in the log, and records of
+    one pool keep their order.
+    """
+
+    def __init__(self, bootstrap: str, topics: KafkaTopics, *, client_id: str = "gpuquota") -> None:
+        self.topics = topics
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap_list(bootstrap),
+            client_id=client_id,
+            enable_idempotence=True,
+            linger_ms=1,
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send(self, pool: str, message: SchedulerInput) -> None:
+        await self._producer.send_and_wait(
+            self.topics.inputs, encode(message), key=pool.encode(), headers=message_headers(message)
+        )

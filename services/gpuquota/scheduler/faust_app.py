@@ -1,0 +1,248 @@
+"""``gpuquota scheduler``: a faust-streaming app with one agent around ``Pipeline`` (distributed mode).
+
+Theory of operation
+-------------------
+The app (id ``<prefix>gpuquota-scheduler``, which is also the consumer group) has ONE agent with
+``concurrency=1`` on ``gpuquota.scheduler.inputs`` (raw keys and values; pydantic decodes). Its loop
+body is ``Pipeline.handle(record)``: decode or dead-letter, decide, append with the position, evolve,
+publish. Within a partition records are handled strictly in order. faust acks a record when the loop
+moves on and commits acked offsets every ``commit_interval``; those committed offsets are only
+advisory: the store's recorded positions decide what was already applied (see ``pipeline``).
+
+A faust timer runs ``Pipeline.tick()`` every ``tick_seconds`` (ticks are decided directly, not sent
+through the topic). On partition assignment (faust passes the whole new assignment) the pools of the
+newly held partitions are loaded in the background (snapshot + log tail, republishing the tail) and
+pools of partitions no longer held are dropped; revocation alone changes nothing, since an eager
+rebalance revokes everything before assigning most of it back.
+
+Publications go through the app's producer (``acks=all``); a delivery that fails, an unreachable
+store that outlasts ``store_retry_seconds``, or a bug fails the service: ``wait()`` returns the error
+and ``gpuquota scheduler`` exits 1, to be restarted by its supervisor (recovery is the normal start).
+
+faust runs inside the caller's event loop (``await app.start()``), so ``gpuquota up`` can hold the
+scheduler, the gateway and node agents in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import faust
+from faust.types import TP
+
+from gpuquota.adapters.event_store import EventStore, TransientStoreError
+from gpuquota.adapters.kafka import KafkaTopics, bootstrap_list, encode, ensure_topics, message_headers
+from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineFailed, SourceRecord
+from gpuquota.wire import events as ev
+from gpuquota.wire.dead_letters import DeadLetter
+from gpuquota.wire.node_commands import NodeCommand
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kafka: str
+    database_url: str
+    topics: KafkaTopics = field(default_factory=KafkaTopics)
+    default_pool: str = "default"
+    """The pool of records without a key."""
+    snapshot_every: int = 1000
+    tick_seconds: float = 1.0
+    heartbeat_timeout_ms: int = 30_000
+    tick_grace_seconds: float | None = None
+    """Seconds after loading a pool before its first tick (default: the heartbeat timeout)."""
+    store_retry_seconds: float = 300.0
+    commit_interval: float = 1.0
+    data_dir: Path = Path(".gpuquota")
+    partitions: int | None = None
+    """Partitions of topics this service creates (default: the catalogue's)."""
+
+
+def job_id_of(event: ev.SchedulerEvent) -> str:
+    if isinstance(event, ev.JobAccepted):
+        return event.job.job_id
+    job_id: str = getattr(event, "job_id", "")
+    return job_id
+
+
+class FaustPublisher:
+    """``Publisher`` through the faust app's producer."""
+
+    def __init__(self, app: faust.App, topics: KafkaTopics) -> None:
+        self.app = app
+        self.topics = topics
+
+    async def publish(
+        self, records: Sequence[JobStateRecord], commands: Sequence[NodeCommand]
+    ) -> list[Awaitable[object]]:
+        producer = self.app.producer
+        deliveries: list[Awaitable[object]] = []
+        for command in commands:
+            key, value = command.node_id.encode(), encode(command)
+            headers = message_headers(command)
+            deliveries.append(await producer.send(self.topics.node_commands, key, value, None, None, headers))
+        for record in records:
+            headers = message_headers(record.event)
+            if record.share is not None:
+                queue, share = record.share
+                headers += [("job_queue", queue.encode()), ("quota_share", share.encode())]
+            key, value = job_id_of(record.event).encode(), encode(record.event)
+            deliveries.append(await producer.send(self.topics.job_state, key, value, None, None, headers))
+        return deliveries
+
+    async def dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
+        value, headers = encode(letter), message_headers(letter)
+        delivery = await self.app.producer.send(self.topics.dead_letter, key, value, None, None, headers)
+        await delivery
+
+
+async def connect_store(url: str, retry_seconds: float) -> EventStore:
+    """A ``PostgresEventStore``, retrying while the database is unreachable (bounded)."""
+    from gpuquota.adapters.postgres_store import PostgresEventStore
+
+    deadline = time.monotonic() + retry_seconds
+    delay = 0.1
+    while True:
+        try:
+            return await PostgresEventStore.connect(url)
+        except TransientStoreError as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("database unreachable (%s); retrying", exc)
+            await asyncio.sleep(delay)  # back-off before reconnecting
+            delay = min(delay * 2, 2.0)
+
+
+class SchedulerService:
+    """Start with ``await service.start()``; ``await service.wait()`` returns when it stops or fails."""
+
+    def __init__(self, config: SchedulerConfig, store: EventStore | None = None) -> None:
+        self.config = config
+        self.topics = config.topics
+        self.store = store
+        self._own_store = store is None
+        self.app: faust.App | None = None
+        self.pipeline: Pipeline | None = None
+        self.failure: BaseException | None = None
+        self._done = asyncio.Event()
+        self._tasks: set[asyncio.Task[bool]] = set()
+
+    async def start(self) -> None:
+        cfg = self.config
+        await ensure_topics(cfg.kafka, self.topics, cfg.partitions)
+        if self.store is None:
+            self.store = await connect_store(cfg.database_url, cfg.store_retry_seconds)
+        self.app = app = self._build_app()
+        self.pipeline = Pipeline(
+            self.store,
+            FaustPublisher(app, self.topics),
+            default_pool=cfg.default_pool,
+            snapshot_every=cfg.snapshot_every,
+            heartbeat_timeout_ms=cfg.heartbeat_timeout_ms,
+            tick_grace_seconds=cfg.tick_grace_seconds,
+            store_retry_seconds=cfg.store_retry_seconds,
+            owns=self._owns,
+        )
+        await app.start()
+        log.info("scheduler started (group %s, topic %s)", self.topics.scheduler_group, self.topics.inputs)
+
+    def _build_app(self) -> faust.App:
+        cfg = self.config
+        app = faust.App(
+            self.topics.scheduler_group,
+            broker=[f"kafka://{server}" for server in bootstrap_list(cfg.kafka)],
+            store="memory://",
+            datadir=str(cfg.data_dir / "faust"),
+            web_enabled=False,
+            topic_disable_leader=True,
+            topic_replication_factor=1,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_interval=cfg.commit_interval,
+            producer_acks=-1,
+            loop=asyncio.get_running_loop(),
+        )
+        inputs = app.topic(
+            self.topics.inputs,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+        @app.agent(inputs, concurrency=1, name=f"{self.topics.prefix}scheduler")
+        async def scheduler(stream: faust.StreamT[bytes]) -> None:
+            async for event in stream.events():
+                m = event.message
+                record = SourceRecord(m.topic, m.partition, m.offset, m.key, m.value or b"")
+                if not await self._guard(self._pipeline().handle(record)):
+                    return
+
+        async def ticker() -> None:
+            await self._guard(self._pipeline().tick())
+
+        app.timer(cfg.tick_seconds)(ticker)
+
+        async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+            assigned: set[TP] = args[0] if args else kwargs["assigned"]
+            held = {(tp.topic, tp.partition) for tp in assigned if tp.topic == self.topics.inputs}
+            self._pipeline().retain(held)
+            self._spawn(self._pipeline().assigned(sorted(held)))
+
+        app.on_partitions_assigned.connect(cast(Any, on_assigned))
+        app.finalize()
+        return app
+
+    def _pipeline(self) -> Pipeline:
+        assert self.pipeline is not None, "start() first"
+        return self.pipeline
+
+    def _owns(self, topic: str, partition: int) -> bool:
+        assert self.app is not None
+        return TP(topic, partition) in self.app.consumer.assignment()
+
+    async def _guard(self, work: Coroutine[Any, Any, object]) -> bool:
+        """Run ``work``; on an error, fail the service (False)."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.create_task(self._guard(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            level = logging.ERROR if isinstance(exc, PipelineFailed) else logging.CRITICAL
+            log.log(level, "scheduler failed: %r", exc, exc_info=exc)
+            self.failure = exc
+        self._done.set()
+
+    async def wait(self) -> BaseException | None:
+        """Wait until the service fails (return the error) or ``stop()`` is called (return None)."""
+        await self._done.wait()
+        return self.failure
+
+    async def stop(self) -> None:
+        self._done.set()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.app is not None:
+            await self.app.stop()
+        if self.pipeline is not None:
+            await self.pipeline.close()
+        if self.store is not None and self._own_store:
+            await self.store.close()
+            self.store = None
