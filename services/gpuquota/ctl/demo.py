@@ -419,10 +419,6 @@ class Demo:
         return str(now) if first == now else f"{first} -> {now}"
 
 
-def _kind(kind: str) -> str:
-    return {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}.get(kind, kind)
-
-
 def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
