@@ -28,6 +28,18 @@ def _not_implemented(args: argparse.Namespace) -> int:
     return NOT_IMPLEMENTED
 
 
+def _gateway(_: argparse.Namespace) -> int:
+    from gpuquota.distributed import run_gateway
+
+    return run_gateway()
+
+
+def _scheduler(_: argparse.Namespace) -> int:
+    from gpuquota.distributed import run_scheduler
+
+    return run_scheduler()
+
+
 def _node_agent(args: argparse.Namespace) -> int:
     from gpuquota.node_agent.main import run
 
@@ -87,8 +99,8 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
-    "gateway": ("run the HTTP gateway (GPUQUOTA_* env vars)", _not_implemented),
-    "scheduler": ("run the scheduler for one pool (GPUQUOTA_* env vars)", _not_implemented),
+    "gateway": ("run the HTTP gateway (GPUQUOTA_* env vars)", _gateway),
+    "scheduler": ("run the Kafka scheduler (GPUQUOTA_* env vars)", _scheduler),
     "node-agent": ("run the agent of one GPU node (flags or GPUQUOTA_* env vars)", _node_agent),
     "up": ("run a whole local deployment in one process", _up),
     "demo": ("run the worked example (S8) end to end and draw its timeline", _demo),

@@ -164,11 +164,15 @@ def run_up(args: argparse.Namespace) -> int:
         os.environ.get("GPUQUOTA_KAFKA"),
         os.environ.get("GPUQUOTA_DATABASE_URL"),
     )
-    if any(distributed):
-        print("gpuquota up: distributed mode not implemented yet", file=sys.stderr)
-        return 2
     port = args.port if args.port is not None else int(os.environ.get("GPUQUOTA_PORT", "8642"))
     logging.basicConfig(level=os.environ.get("GPUQUOTA_LOG_LEVEL", "INFO"), stream=sys.stderr)
+    if any(distributed):
+        kafka = args.kafka or os.environ.get("GPUQUOTA_KAFKA")
+        database_url = args.database_url or os.environ.get("GPUQUOTA_DATABASE_URL")
+        if not kafka or not database_url:
+            print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
+            return 2
+        return _run_distributed(args, kafka, database_url, port)
     stack = EmbeddedStack(args.data_dir, args.host, port, args.nodes, args.runtime)
     try:
         asyncio.run(_serve(stack))
@@ -176,6 +180,32 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, port: int) -> int:
+    from gpuquota.adapters.kafka import KafkaTopics
+    from gpuquota.distributed import DistributedStack, serve
+
+    stack = DistributedStack(
+        kafka,
+        database_url,
+        host=args.host,
+        port=port,
+        nodes=node_slots(args.nodes),
+        runtime=make_runtime(args.runtime),
+        data_dir=Path(args.data_dir),
+        topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
+    )
+
+    async def main() -> int:
+        ready = f"gpuquota ready on {stack.url}"
+        return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())
+
+    try:
+        return asyncio.run(main())
+    except (OSError, ValueError) as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _serve(stack: EmbeddedStack) -> None:

@@ -13,10 +13,15 @@ GPUQUOTA_LOG_LEVEL             DEBUG, INFO, WARNING or ERROR (default INFO)     
 GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db``                  gateway, scheduler
 GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
-GPUQUOTA_POOL                  GPU pool name (default ``default``)                      scheduler, node-agent
+GPUQUOTA_TOPIC_PREFIX          prefix of every Kafka topic and group id (default none)  all
+GPUQUOTA_POOL                  GPU pool: the gateway's and node's pool; the scheduler's  all
+                               pool for keyless input records (default ``default``)
 GPUQUOTA_NODES                 static inventory ``node-1:8,node-2:4`` (id:gpus, opt.)   scheduler
 GPUQUOTA_PREEMPTION_GRACE      seconds between SIGTERM and SIGKILL on preemption (30)   scheduler, node-agent
-GPUQUOTA_HEARTBEAT_SECONDS     node heartbeat period in seconds (default 5)             scheduler, node-agent
+GPUQUOTA_HEARTBEAT_SECONDS     node heartbeat period in seconds (default 5); the        scheduler, node-agent
+                               scheduler declares a node lost after 6 periods
+GPUQUOTA_SNAPSHOT_EVERY        snapshot a pool's state every N decided inputs (1000)    scheduler
+GPUQUOTA_TICK_SECONDS          period of the scheduler's Tick (default 1)               scheduler
 GPUQUOTA_DATA_DIR              local state directory (default ``.gpuquota``)            scheduler, node-agent
 GPUQUOTA_NODE_ID               this node's id (required)                                node-agent
 GPUQUOTA_GPUS                  number of GPUs this node offers (default 1)              node-agent
@@ -75,6 +80,7 @@ class _Settings(BaseModel):
 
     kafka: str
     log_level: LogLevel = "INFO"
+    topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,100}$")] = ""
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -129,18 +135,22 @@ class _DatabaseSettings(_Settings):
 class GatewaySettings(_DatabaseSettings):
     """``gpuquota gateway``: HTTP API in front of the scheduler.
 
-    Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_LOG_LEVEL.
+    Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
+    GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
     """
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
+    pool: Name = "default"
 
 
 class SchedulerSettings(_DatabaseSettings):
     """``gpuquota scheduler``: consumes inputs, decides placements and preemptions.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_POOL, GPUQUOTA_NODES,
-    GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR, GPUQUOTA_LOG_LEVEL.
+    GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR, GPUQUOTA_SNAPSHOT_EVERY,
+    GPUQUOTA_TICK_SECONDS, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``nodes`` (a static inventory)
+    is not used by the Kafka scheduler: nodes register themselves.
     """
 
     pool: Name = "default"
@@ -148,6 +158,8 @@ class SchedulerSettings(_DatabaseSettings):
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
+    snapshot_every: Annotated[int, Field(ge=1)] = 1000
+    tick_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -171,8 +183,8 @@ class NodeAgentSettings(_Settings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
     GPUQUOTA_RUNTIME, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
-    GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means ``process`` and ``fake`` means ``simulated``
-    (see :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
+    GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means ``process`` and
+    ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
     """
 
     node_id: Name

@@ -113,12 +113,14 @@ def test_gpuquota_up_starts_serves_and_stops(tmp_path: Path) -> None:
                 stream.close()
 
 
-def test_gpuquota_up_distributed_mode_is_not_there_yet() -> None:
+def test_gpuquota_up_distributed_mode_needs_kafka_and_database() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL")}
     proc = subprocess.run(
         [sys.executable, "-m", "gpuquota.cli", "up", "--kafka", "localhost:9092"],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
+        env=env,
     )
-    assert proc.returncode == 2 and "distributed mode not implemented yet" in proc.stderr
+    assert proc.returncode == 2 and "needs both --kafka and --database-url" in proc.stderr

@@ -138,15 +138,13 @@ def test_cli_check_prints_the_node(
     assert [s["unit"] for s in node["slots"]] == ["ml.g5.xlarge", "ml.g5.xlarge"]
 
 
-def test_cli_errors_and_missing_transport(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cli_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("GPUQUOTA_KAFKA", "GPUQUOTA_NODE_ID"):
         monkeypatch.delenv(name, raising=False)
     assert main(["node-agent", "--check", "--kafka", "k:9092", "--slots", "ml.g5.xlarge=x"]) == 2
     assert "GPUQUOTA_NODE_ID" in capsys.readouterr().err
-    assert main(["node-agent", "--kafka", "k:9092", "--node-id", "n1"]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+    assert main(["node-agent", "--kafka", "k:9092"]) == 2  # not --check: still validated first
+    assert "GPUQUOTA_NODE_ID" in capsys.readouterr().err
 
 
 def test_nvml_probe_with_a_fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:

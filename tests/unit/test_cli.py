@@ -17,10 +17,14 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("command", ["gateway", "scheduler", "node-agent"])
-def test_unimplemented_commands_exit_2(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_services_without_configuration_exit_2_naming_the_variable(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL", "GPUQUOTA_NODE_ID"):
+        monkeypatch.delenv(name, raising=False)
     assert main([command]) == 2
     captured = capsys.readouterr()
-    assert "not implemented yet" in captured.err
+    assert "GPUQUOTA_KAFKA" in captured.err
     assert captured.out == ""
 
 

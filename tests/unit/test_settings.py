@@ -28,6 +28,8 @@ def test_env_var_lists() -> None:
         "GPUQUOTA_DATABASE_URL",
         "GPUQUOTA_HOST",
         "GPUQUOTA_PORT",
+        "GPUQUOTA_POOL",
+        "GPUQUOTA_TOPIC_PREFIX",
     } == GatewaySettings.ENV_VARS
     assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == GatewaySettings.REQUIRED_ENV_VARS
     assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == SchedulerSettings.REQUIRED_ENV_VARS

@@ -1,18 +1,24 @@
 """``gpuquota node-agent``: flags (or ``GPUQUOTA_*`` variables, see :class:`NodeAgentSettings`).
 
 Flags override the environment. ``--check`` validates the configuration, discovers the slots and
-prints the node as JSON. Running for real needs a transport to the scheduler; the only one planned
-for a separate agent is Kafka, which is not implemented yet (exit 2). In-process use (``gpuquota up``)
-builds a :class:`~gpuquota.node_agent.NodeAgent` directly.
+prints the node as JSON. Otherwise the agent runs until SIGTERM/SIGINT, talking to the scheduler over
+Kafka (``gpuquota.node_agent.kafka_link``). The embedded ``gpuquota up`` builds a
+:class:`~gpuquota.node_agent.NodeAgent` directly.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuquota.settings import NodeAgentSettings
+    from gpuquota.wire.base import SlotOffer
 
 NOT_IMPLEMENTED = 2
 
@@ -69,20 +75,39 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         slots = discover_slots(configured=settings.slot_spec)
     except (SettingsError, SlotSpecError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        if getattr(args, "check", False):
-            return 2
-    else:
-        if getattr(args, "check", False):
-            node = {
-                "node_id": settings.node_id,
-                "pool": settings.pool,
-                "runtime": settings.runtime_kind,
-                "work_dir": str(settings.data_dir),
-                "heartbeat_seconds": settings.heartbeat_seconds,
-                "preemption_grace": settings.preemption_grace,
-                "slots": [s.model_dump() for s in slots],
-            }
-            print(json.dumps(node, indent=2))
-            return 0
-    print(f"{prog}: the Kafka transport to the scheduler is not implemented yet", file=sys.stderr)
-    return NOT_IMPLEMENTED
+        return 2
+    if getattr(args, "check", False):
+        node = {
+            "node_id": settings.node_id,
+            "pool": settings.pool,
+            "runtime": settings.runtime_kind,
+            "work_dir": str(settings.data_dir),
+            "heartbeat_seconds": settings.heartbeat_seconds,
+            "preemption_grace": settings.preemption_grace,
+            "slots": [s.model_dump() for s in slots],
+        }
+        print(json.dumps(node, indent=2))
+        return 0
+    return _serve(settings, slots)
+
+
+def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
+    """Run the agent over Kafka until SIGTERM/SIGINT."""
+    from gpuquota.adapters.kafka import KafkaTopics
+    from gpuquota.distributed import NodeAgentService, configure_logging, serve
+    from gpuquota.node_agent import make_runtime
+
+    configure_logging(settings.log_level)
+    service = NodeAgentService(
+        settings.kafka,
+        settings.node_id,
+        settings.pool,
+        slots,
+        make_runtime(settings.runtime_kind),
+        settings.data_dir,
+        topics=KafkaTopics(settings.topic_prefix),
+        heartbeat_seconds=settings.heartbeat_seconds,
+        preemption_grace=settings.preemption_grace,
+    )
+    ready = f"gpuquota node-agent {settings.node_id} ready"
+    return asyncio.run(serve(service.start, service.stop, ready))

@@ -139,6 +139,7 @@ class SchedulerService:
         await ensure_topics(cfg.kafka, self.topics, cfg.partitions)
         if self.store is None:
             self.store = await connect_store(cfg.database_url, cfg.store_retry_seconds)
+        (cfg.data_dir / "faust").mkdir(parents=True, exist_ok=True)
         self.app = app = self._build_app()
         self.pipeline = Pipeline(
             self.store,

@@ -1,0 +1,303 @@
+"""The distributed mode's services: gateway, scheduler and node agents over Kafka and PostgreSQL.
+
+* ``GatewayService``: the AWS Batch HTTP gateway; writes are produced to the inputs topic, the read
+  model tails the pool's log in PostgreSQL (see ``gateway.kafka_port``).
+* ``SchedulerService`` (``scheduler.faust_app``): the faust app that decides.
+* ``NodeAgentService``: one node agent whose ``send`` and commands go through ``KafkaNodeLink``.
+* ``DistributedStack``: all three in one process (``gpuquota up --kafka ... --database-url ...``).
+
+``gpuquota gateway``, ``gpuquota scheduler`` and ``gpuquota node-agent`` run one service each,
+configured by ``GPUQUOTA_*`` variables (``gpuquota.settings``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuquota.adapters.event_store import EventStore
+from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
+from gpuquota.arns import ArnFactory
+from gpuquota.core import explain
+from gpuquota.gateway import Gateway
+from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
+from gpuquota.node_agent import NodeAgent, Runtime
+from gpuquota.node_agent.kafka_link import KafkaNodeLink
+from gpuquota.readmodel import ReadModel
+from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
+from gpuquota.wire.base import SlotOffer
+
+log = logging.getLogger(__name__)
+
+
+class GatewayService:
+    """The HTTP gateway of one pool in distributed mode; ``url`` once started."""
+
+    def __init__(
+        self,
+        kafka: str,
+        database_url: str,
+        *,
+        topics: KafkaTopics | None = None,
+        pool: str = "default",
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        arns: ArnFactory | None = None,
+        decision_timeout: float = 5.0,
+        store: EventStore | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.database_url = database_url
+        self.topics = topics or KafkaTopics()
+        self.pool = pool
+        self.host = host
+        self.port = port
+        self.read_model = ReadModel(arns)
+        self.decision_timeout = decision_timeout
+        self.store = store
+        self._own_store = store is None
+        self.projector: LogProjector | None = None
+        self.producer: InputProducer | None = None
+        self._runner: web.AppRunner | None = None
+        self._tail: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        await ensure_topics(self.kafka, self.topics)
+        if self.store is None:
+            self.store = await connect_store(self.database_url, retry_seconds=60.0)
+        projector = self.projector = LogProjector(self.store, self.read_model, self.pool)
+        folded = await projector.catch_up()
+        log.info("gateway: read model folded %d log records of pool %s", folded, self.pool)
+        self._tail = asyncio.create_task(projector.run(), name="gateway-log-tail")
+        self.producer = InputProducer(self.kafka, self.topics, client_id="gpuquota-gateway")
+        await self.producer.start()
+        port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
+        gateway = Gateway(
+            self.read_model,
+            port,
+            pool=self.pool,
+            explainer=lambda job_id: explain(projector.state, job_id),
+        )
+        self._runner = web.AppRunner(gateway.app(), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        if self.port == 0:
+            self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await cancel(self._tail)
+        self._tail = None
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
+        if self.store is not None and self._own_store:
+            await self.store.close()
+            self.store = None
+
+
+class NodeAgentService:
+    """A ``NodeAgent`` connected to the scheduler through Kafka."""
+
+    def __init__(
+        self,
+        kafka: str,
+        node_id: str,
+        pool: str,
+        slots: tuple[SlotOffer, ...],
+        runtime: Runtime,
+        work_dir: Path,
+        *,
+        topics: KafkaTopics | None = None,
+        heartbeat_seconds: float = 5.0,
+        preemption_grace: float = 30.0,
+    ) -> None:
+        self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool)
+        self.agent = NodeAgent(
+            node_id,
+            pool,
+            slots,
+            runtime,
+            self.link.send,
+            work_dir,
+            heartbeat_seconds=heartbeat_seconds,
+            preemption_grace=preemption_grace,
+        )
+        self._feed: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.link.start()  # fixes the command position before the agent registers
+        await self.agent.start()
+        self._feed = asyncio.create_task(self.link.run(self.agent.deliver), name=f"node-{self.link.node_id}")
+
+    async def stop(self) -> None:
+        await self.agent.stop()
+        await cancel(self._feed)
+        self._feed = None
+        await self.link.stop()
+
+
+class DistributedStack:
+    """Gateway, scheduler and local node agents in one process, over Kafka and PostgreSQL."""
+
+    def __init__(
+        self,
+        kafka: str,
+        database_url: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8642,
+        nodes: list[tuple[str, tuple[SlotOffer, ...]]] | None = None,
+        runtime: Runtime | None = None,
+        data_dir: Path = Path(".gpuquota"),
+        topics: KafkaTopics | None = None,
+        pool: str = "default",
+        heartbeat_seconds: float = 5.0,
+        preemption_grace: float = 30.0,
+        snapshot_every: int = 1000,
+    ) -> None:
+        self.topics = topics or KafkaTopics()
+        self.scheduler = SchedulerService(
+            SchedulerConfig(
+                kafka=kafka,
+                database_url=database_url,
+                topics=self.topics,
+                default_pool=pool,
+                snapshot_every=snapshot_every,
+                heartbeat_timeout_ms=int(heartbeat_seconds * 6000),
+                data_dir=data_dir,
+            )
+        )
+        self.gateway = GatewayService(
+            kafka, database_url, topics=self.topics, pool=pool, host=host, port=port
+        )
+        self.agents: list[NodeAgentService] = []
+        if runtime is not None:
+            for node_id, slots in nodes or []:
+                service = NodeAgentService(
+                    kafka,
+                    node_id,
+                    pool,
+                    slots,
+                    runtime,
+                    data_dir / "nodes" / node_id,
+                    topics=self.topics,
+                    heartbeat_seconds=heartbeat_seconds,
+                    preemption_grace=preemption_grace,
+                )
+                self.agents.append(service)
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    async def start(self) -> None:
+        await self.scheduler.start()
+        await self.gateway.start()
+        for agent in self.agents:
+            await agent.start()
+
+    async def stop(self) -> None:
+        await self.gateway.stop()
+        for agent in self.agents:
+            await agent.stop()
+        await self.scheduler.stop()
+
+
+# ----- process entry points -----------------------------------------------------------------------
+
+Stoppable = Callable[[], Awaitable[None]]
+
+
+async def serve(
+    start: Stoppable, stop: Stoppable, ready: str | None = None, failed: Awaitable[object] | None = None
+) -> int:
+    """Run until SIGTERM/SIGINT (exit 0) or until ``failed`` resolves to an error (exit 1)."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(stopping.wait())]
+    if failed is not None:
+        waiters.append(asyncio.ensure_future(failed))
+    try:
+        await start()
+        if ready:
+            print(ready, flush=True)
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        error = next((w.result() for w in done if w is not waiters[0]), None)
+        return 1 if error is not None else 0
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def run_gateway(environ: dict[str, str] | None = None) -> int:
+    from gpuquota.settings import GatewaySettings, SettingsError
+
+    try:
+        settings = GatewaySettings.from_env(os.environ if environ is None else environ)
+    except SettingsError as exc:
+        print(f"gpuquota gateway: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    service = GatewayService(
+        settings.kafka,
+        settings.database_url,
+        topics=KafkaTopics(settings.topic_prefix),
+        pool=settings.pool,
+        host=settings.host,
+        port=settings.port,
+    )
+    ready = f"gpuquota gateway ready on {service.url}"
+    return asyncio.run(serve(service.start, service.stop, ready))
+
+
+def run_scheduler(environ: dict[str, str] | None = None) -> int:
+    from gpuquota.settings import SchedulerSettings, SettingsError
+
+    try:
+        settings = SchedulerSettings.from_env(os.environ if environ is None else environ)
+    except SettingsError as exc:
+        print(f"gpuquota scheduler: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    service = SchedulerService(
+        SchedulerConfig(
+            kafka=settings.kafka,
+            database_url=settings.database_url,
+            topics=KafkaTopics(settings.topic_prefix),
+            default_pool=settings.pool,
+            snapshot_every=settings.snapshot_every,
+            tick_seconds=settings.tick_seconds,
+            heartbeat_timeout_ms=int(settings.heartbeat_seconds * 6000),
+            data_dir=settings.data_dir,
+        )
+    )
+
+    async def main() -> int:
+        return await serve(service.start, service.stop, "gpuquota scheduler ready", service.wait())
+
+    return asyncio.run(main())

@@ -1,0 +1,137 @@
+"""The gateway in distributed mode: writes go to Kafka, reads come from the scheduler's log.
+
+Design
+------
+The read model must see *every* decided event, not only the job events of ``gpuquota.job-state``:
+resource changes (``QuotaShareChanged``...), priority changes and rejections feed the AWS views too.
+The complete, ordered, durable record of them is the scheduler's own log in PostgreSQL. So the
+gateway's ``LogProjector`` tails the pool's log (``EventStore.read(pool, after_seq)``, polled every
+``poll_seconds``) and folds each record's events into the ``ReadModel``, exactly as the embedded
+shell does. The log's sequence has no gaps and is committed in order (one writer per pool, each
+append requires the previous sequence), so tailing by sequence never skips a record; a restarted
+gateway folds the log from the start. No second projection, no extra topic. The projector also
+folds the core's ``ClusterState`` from the same events, for ``gpuquota explain``.
+
+``KafkaCommandPort.send`` produces the input to ``gpuquota.scheduler.inputs`` keyed by the pool and
+waits (at most ``decision_timeout`` seconds) until the projector has folded the record of that input:
+a rejection by the core (its ``InputRejected``) becomes ``CommandRejected``, as in embedded mode, and
+a Describe right after the write sees the decision. If the scheduler is slow or down the write is
+still accepted (the input is durable in Kafka) and is decided later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gpuquota.adapters.event_store import EventStore, TransientStoreError
+from gpuquota.adapters.kafka import InputProducer
+from gpuquota.core import ClusterState, evolve
+from gpuquota.gateway.ports import CommandRejected
+from gpuquota.readmodel import ReadModel
+from gpuquota.wire import events as ev
+from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.inputs import SchedulerInput
+
+log = logging.getLogger(__name__)
+
+Decision = tuple[SchedulerEvent, ...]
+
+
+class LogProjector:
+    """Folds a pool's log from the event store into a ``ReadModel``."""
+
+    def __init__(
+        self, store: EventStore, read_model: ReadModel, pool: str, *, poll_seconds: float = 0.02
+    ) -> None:
+        self.store = store
+        self.read_model = read_model
+        self.pool = pool
+        self.poll_seconds = poll_seconds
+        self.seq = 0
+        self.state = ClusterState()
+        """The core's state, folded from the same log, for ``explain``."""
+        self._waiters: dict[str, asyncio.Future[Decision]] = {}
+
+    def expect(self, input_id: str) -> asyncio.Future[Decision]:
+        """A future for the events of input ``input_id``, resolved when its record is folded."""
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._waiters[input_id] = future
+        return future
+
+    def forget(self, input_id: str) -> None:
+        future = self._waiters.pop(input_id, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    async def catch_up(self) -> int:
+        """Fold every record after the last one folded; return how many."""
+        folded = 0
+        while records := await self.store.read(self.pool, after_seq=self.seq, limit=1000):
+            for record in records:
+                for event in record.events:
+                    evolve(self.state, event)
+                    try:
+                        self.read_model.apply(event)
+                    except Exception:  # a projection bug must not stop the gateway
+                        log.exception("read model could not apply %s %s", event.type, event.event_id)
+                self.seq = record.seq
+                waiter = self._waiters.pop(record.input.event_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(record.events)
+            folded += len(records)
+        return folded
+
+    async def run(self) -> None:
+        """Keep folding until cancelled; an unreachable store only delays the read model."""
+        failing = False
+        while True:
+            try:
+                await self.catch_up()
+                failing = False
+            except TransientStoreError as exc:
+                if not failing:
+                    log.warning("read model: store unavailable (%s); retrying", exc)
+                failing = True
+            await asyncio.sleep(self.poll_seconds)  # the polling interval of the tail
+
+
+class KafkaCommandPort:
+    """``CommandPort`` that produces inputs to Kafka and reports the core's decision when it comes."""
+
+    def __init__(
+        self,
+        producer: InputProducer,
+        pool: str,
+        projector: LogProjector,
+        *,
+        decision_timeout: float = 5.0,
+    ) -> None:
+        self.producer = producer
+        self.pool = pool
+        self.projector = projector
+        self.decision_timeout = decision_timeout
+
+    async def send(self, message: SchedulerInput) -> None:
+        decided = self.projector.expect(message.event_id)
+        try:
+            await self.producer.send(self.pool, message)
+            events = await asyncio.wait_for(asyncio.shield(decided), self.decision_timeout)
+        except TimeoutError:
+            log.info(
+                "%s %s: not decided within %.1f s", message.type, message.event_id, self.decision_timeout
+            )
+            return
+        finally:
+            self.projector.forget(message.event_id)
+        for event in events:
+            if isinstance(event, ev.InputRejected) and event.input_event_id == message.event_id:
+                raise CommandRejected(event.reason)
+
+
+async def cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,113 @@
+"""The node agent's Kafka transport (distributed mode).
+
+Inputs (RegisterNode, heartbeats, AttemptReports, DrainNode, DeregisterNode) go to
+``gpuquota.scheduler.inputs`` keyed by the node's pool, through an idempotent producer that waits
+for the broker's ack: the agent's outbox retries a send that fails.
+
+Commands come from ``gpuquota.node-commands``, keyed by node id. The link reads only the partition
+its node id hashes to (the producers' default murmur2 partitioner) and keeps the records whose key is
+its node id. Offsets are committed to the node's own group (``<prefix>gpuquota-node-<node id>``) after
+each delivered batch, so a restarted agent resumes where it stopped; a node that never ran starts at
+the end of the partition. ``start()`` resolves that position *before* the agent registers, so no
+command for the node can be produced before the link reads from a fixed offset. Commands that do not
+decode go to the dead-letter topic. Duplicates (the scheduler republishes after a restart) are
+harmless: the agent ignores a RunAttempt it already ran and a StopAttempt for an attempt it does not
+run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from pydantic import ValidationError
+
+from gpuquota.adapters.kafka import (
+    InputProducer,
+    KafkaTopics,
+    bootstrap_list,
+    encode,
+    message_headers,
+    partition_for,
+)
+from gpuquota.wire.dead_letters import DeadLetter
+from gpuquota.wire.inputs import SchedulerInput
+from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, NodeCommand
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[NodeCommand], Awaitable[None]]
+
+
+class KafkaNodeLink:
+    """``send`` for a ``NodeAgent`` and a command feed for its ``deliver``."""
+
+    def __init__(self, bootstrap: str, topics: KafkaTopics, node_id: str, pool: str) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.node_id = node_id
+        self.pool = pool
+        self.producer = InputProducer(bootstrap, topics, client_id=f"gpuquota-node-{node_id}")
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_list(bootstrap),
+            group_id=topics.node_group(node_id),
+            client_id=f"gpuquota-node-{node_id}",
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+        )
+        self._letters = AIOKafkaProducer(bootstrap_servers=bootstrap_list(bootstrap), acks="all")
+        self._tp: TopicPartition | None = None
+        self.delivered = 0
+
+    async def start(self) -> None:
+        await self.producer.start()
+        await self._letters.start()
+        await self._consumer.start()
+        count = len(await self._letters.partitions_for(self.topics.node_commands))
+        self._tp = TopicPartition(self.topics.node_commands, partition_for(self.node_id, count))
+        self._consumer.assign([self._tp])
+        position = await self._consumer.position(self._tp)
+        log.info("node %s reads %s from offset %d", self.node_id, self._tp, position)
+
+    async def send(self, message: SchedulerInput) -> None:
+        await self.producer.send(self.pool, message)
+
+    async def run(self, deliver: Deliver) -> None:
+        """Deliver this node's commands, in order, until cancelled."""
+        assert self._tp is not None, "start() first"
+        key = self.node_id.encode()
+        while True:
+            batch = await self._consumer.getmany(self._tp, timeout_ms=1000)
+            records = batch.get(self._tp, [])
+            for record in records:
+                if record.key == key:
+                    await self._deliver(record, deliver)
+            if records:
+                await self._consumer.commit({self._tp: records[-1].offset + 1})
+
+    async def _deliver(self, record: ConsumerRecord[bytes, bytes], deliver: Deliver) -> None:
+        try:
+            command = NODE_COMMAND_ADAPTER.validate_json(record.value or b"")
+        except ValidationError as exc:
+            letter = DeadLetter.of(
+                record.value or b"",
+                reason=f"node command: {exc.errors(include_url=False)[0]['msg']}",
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                occurred_at=time.time_ns() // 1_000_000,
+            )
+            await self._letters.send_and_wait(
+                self.topics.dead_letter, encode(letter), key=record.key, headers=message_headers(letter)
+            )
+            return
+        await deliver(command)
+        self.delivered += 1
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+        await self._letters.stop()
+        await self.producer.stop()
