@@ -146,6 +146,10 @@ class InputProducer:
     async def stop(self) -> None:
         await self._producer.stop()
 
+    async def partitions_for(self, topic: str) -> list[int]:
+        """The partitions of ``topic`` (waits for its metadata)."""
+        return sorted(await self._producer.partitions_for(topic))
+
     async def send(self, pool: str, message: SchedulerInput) -> None:
         await self._producer.send_and_wait(
             self.topics.inputs, encode(message), key=pool.encode(), headers=message_headers(message)

@@ -63,6 +63,8 @@ class SchedulerConfig:
     data_dir: Path = Path(".gpuquota")
     partitions: int | None = None
     """Partitions of topics this service creates (default: the catalogue's)."""
+    app_id: str | None = None
+    """The faust app id and consumer group (default ``topics.scheduler_group``)."""
 
 
 def job_id_of(event: ev.SchedulerEvent) -> str:
@@ -157,7 +159,7 @@ class SchedulerService:
     def _build_app(self) -> faust.App:
         cfg = self.config
         app = faust.App(
-            self.topics.scheduler_group,
+            cfg.app_id or self.topics.scheduler_group,
             broker=[f"kafka://{server}" for server in bootstrap_list(cfg.kafka)],
             store="memory://",
             datadir=str(cfg.data_dir / "faust"),
