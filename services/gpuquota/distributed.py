@@ -223,9 +223,15 @@ Stoppable = Callable[[], Awaitable[None]]
 
 
 async def serve(
-    start: Stoppable, stop: Stoppable, ready: str | None = None, failed: Awaitable[object] | None = None
+    start: Stoppable,
+    stop: Stoppable,
+    ready: Callable[[], str] | str | None = None,
+    failed: Awaitable[object] | None = None,
 ) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or until ``failed`` resolves to an error (exit 1)."""
+    """Run until SIGTERM/SIGINT (exit 0) or until ``failed`` resolves to an error (exit 1).
+
+    ``ready`` (a line, or a function giving it once started) is printed when ``start`` returns.
+    """
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -235,8 +241,8 @@ async def serve(
         waiters.append(asyncio.ensure_future(failed))
     try:
         await start()
-        if ready:
-            print(ready, flush=True)
+        if ready is not None:
+            print(ready if isinstance(ready, str) else ready(), flush=True)
         done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         error = next((w.result() for w in done if w is not waiters[0]), None)
         return 1 if error is not None else 0
@@ -263,16 +269,19 @@ def run_gateway(environ: dict[str, str] | None = None) -> int:
         print(f"gpuquota gateway: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
-    service = GatewayService(
-        settings.kafka,
-        settings.database_url,
-        topics=KafkaTopics(settings.topic_prefix),
-        pool=settings.pool,
-        host=settings.host,
-        port=settings.port,
-    )
-    ready = f"gpuquota gateway ready on {service.url}"
-    return asyncio.run(serve(service.start, service.stop, ready))
+
+    async def main() -> int:
+        service = GatewayService(
+            settings.kafka,
+            settings.database_url,
+            topics=KafkaTopics(settings.topic_prefix),
+            pool=settings.pool,
+            host=settings.host,
+            port=settings.port,
+        )
+        return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
+
+    return asyncio.run(main())
 
 
 def run_scheduler(environ: dict[str, str] | None = None) -> int:
@@ -284,20 +293,19 @@ def run_scheduler(environ: dict[str, str] | None = None) -> int:
         print(f"gpuquota scheduler: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
-    service = SchedulerService(
-        SchedulerConfig(
-            kafka=settings.kafka,
-            database_url=settings.database_url,
-            topics=KafkaTopics(settings.topic_prefix),
-            default_pool=settings.pool,
-            snapshot_every=settings.snapshot_every,
-            tick_seconds=settings.tick_seconds,
-            heartbeat_timeout_ms=int(settings.heartbeat_seconds * 6000),
-            data_dir=settings.data_dir,
-        )
+    config = SchedulerConfig(
+        kafka=settings.kafka,
+        database_url=settings.database_url,
+        topics=KafkaTopics(settings.topic_prefix),
+        default_pool=settings.pool,
+        snapshot_every=settings.snapshot_every,
+        tick_seconds=settings.tick_seconds,
+        heartbeat_timeout_ms=int(settings.heartbeat_seconds * 6000),
+        data_dir=settings.data_dir,
     )
 
     async def main() -> int:
+        service = SchedulerService(config)
         return await serve(service.start, service.stop, "gpuquota scheduler ready", service.wait())
 
     return asyncio.run(main())

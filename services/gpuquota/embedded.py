@@ -186,19 +186,19 @@ def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, po
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.distributed import DistributedStack, serve
 
-    stack = DistributedStack(
-        kafka,
-        database_url,
-        host=args.host,
-        port=port,
-        nodes=node_slots(args.nodes),
-        runtime=make_runtime(args.runtime),
-        data_dir=Path(args.data_dir),
-        topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
-    )
-
     async def main() -> int:
-        ready = f"gpuquota ready on {stack.url}"
+        stack = DistributedStack(
+            kafka,
+            database_url,
+            host=args.host,
+            port=port,
+            nodes=node_slots(args.nodes),
+            runtime=make_runtime(args.runtime),
+            data_dir=Path(args.data_dir),
+            topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
+            pool=os.environ.get("GPUQUOTA_POOL", "default"),
+        )
+        ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())
 
     try:

@@ -98,16 +98,20 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
     from gpuquota.node_agent import make_runtime
 
     configure_logging(settings.log_level)
-    service = NodeAgentService(
-        settings.kafka,
-        settings.node_id,
-        settings.pool,
-        slots,
-        make_runtime(settings.runtime_kind),
-        settings.data_dir,
-        topics=KafkaTopics(settings.topic_prefix),
-        heartbeat_seconds=settings.heartbeat_seconds,
-        preemption_grace=settings.preemption_grace,
-    )
-    ready = f"gpuquota node-agent {settings.node_id} ready"
-    return asyncio.run(serve(service.start, service.stop, ready))
+
+    async def main() -> int:
+        service = NodeAgentService(
+            settings.kafka,
+            settings.node_id,
+            settings.pool,
+            slots,
+            make_runtime(settings.runtime_kind),
+            settings.data_dir,
+            topics=KafkaTopics(settings.topic_prefix),
+            heartbeat_seconds=settings.heartbeat_seconds,
+            preemption_grace=settings.preemption_grace,
+        )
+        ready = f"gpuquota node-agent {settings.node_id} ready"
+        return await serve(service.start, service.stop, ready)
+
+    return asyncio.run(main())

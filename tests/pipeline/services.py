@@ -1,0 +1,74 @@
+"""Run ``gpuquota <service>`` as a subprocess configured by ``GPUQUOTA_*`` variables (pipeline tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServiceProcess:
+    """``python -m gpuquota.cli <command>``; ``start()`` returns once it printed its ready line."""
+
+    def __init__(
+        self, command: str, env: dict[str, str], log_path: Path, args: list[str] | None = None
+    ) -> None:
+        self.command = command
+        self.args = args or []
+        self.ready_line = ""
+        self.env = {**os.environ, "GPUQUOTA_LOG_LEVEL": "INFO", **env}
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, timeout: float = 60) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuquota.cli", self.command, *self.args,
+                env=self.env, stdout=asyncio.subprocess.PIPE, stderr=log,
+            )  # fmt: skip
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = await self.proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"gpuquota {self.command} exited early:\n{self.tail()}")
+                if b"ready" in line:
+                    self.ready_line = line.decode().strip()
+                    return
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit status."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+    async def kill(self) -> None:
+        """SIGKILL (``kill -9``): no clean-up of any kind."""
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.proc.wait()
