@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 from gpuquota.core.evolve import evolve
 from gpuquota.core.state import ClusterState, ShareKey
 from gpuquota.wire import events as ev
-from gpuquota.wire.base import Message
+from gpuquota.wire.base import JobStatus, Message
 from gpuquota.wire.events import SchedulerEvent
 
 E = TypeVar("E", bound=Message)
@@ -49,10 +49,14 @@ class Context:
             ),
         )
         recorded = cast(SchedulerEvent, event)
-        share = self._touch(recorded)
+        key = self._touch(recorded)
+        share = self.state.shares.get(key) if key is not None else None
+        head_before = None if share is None or share.head_since is None else share.head_since[0]
         evolve(self.state, recorded)
-        if share is not None:
-            self._touch_head(share)
+        if share is not None and self.dirty is not None:
+            head = self.state.head(share)
+            if head is not None and head.job_id != head_before:
+                self.dirty.add(head.unit)
         self.events.append(recorded)
         return event
 
@@ -60,7 +64,11 @@ class Context:
         self.dirty = None
 
     def _touch(self, event: SchedulerEvent) -> ShareKey | None:
-        """Mark the units ``event`` changes; return the share whose head it may change."""
+        """Mark the units ``event`` changes; return the share whose head it may change.
+
+        Capacity of a unit changes with dispatches, releases, nodes and configuration. A queued job
+        matters only if it becomes its share's head, which ``emit`` checks after applying the event.
+        """
         state, dirty = self.state, self.dirty
         if isinstance(event, _RESOURCE_EVENTS):
             self.dirty = None
@@ -73,19 +81,16 @@ class Context:
         elif isinstance(event, ev.PreemptionHoldReleased):
             dirty.add(state.holds[event.job_id].unit)
         elif isinstance(event, ev.JobAccepted):
-            dirty.add(event.job.unit)
             return (event.job.job_queue, event.job.quota_share)
         else:
             job_id = getattr(event, "job_id", None)
             job = state.jobs.get(job_id) if job_id is not None else None
-            if job is not None:
+            if job is None:
+                return None
+            # A dispatched job's change moves capacity or victim order; a queued job's priority change
+            # matters to in-share preemption even when it was and stays the head.
+            moves = isinstance(event, ev.JobDispatched | ev.JobPriorityChanged)
+            if job.status is not JobStatus.RUNNABLE or moves:
                 dirty.add(job.unit)
-                return job.share
+            return job.share
         return None
-
-    def _touch_head(self, key: ShareKey) -> None:
-        """A job event may have given its share a new head, whose unit then needs a look."""
-        share = self.state.shares.get(key)
-        head = None if share is None else self.state.head(share)
-        if head is not None and self.dirty is not None:
-            self.dirty.add(head.unit)

@@ -294,17 +294,22 @@ def _submit(ctx: Context, m: inp.SubmitJob) -> bool:
     if (problem := _submission_problem(state, m)) is not None:
         return reject(ctx, m, problem, job_id=m.job.job_id)
     ctx.emit(ev.JobAccepted, job=m.job)
-    return _is_head(state, state.jobs[m.job.job_id]) or _backfill_on(state, m.job.job_queue)
+    return _is_head(state, state.jobs[m.job.job_id]) or _backfill_on(ctx, m.job.job_queue)
 
 
 def _is_head(state: ClusterState, job: JobRecord) -> bool:
     return state.head(state.shares[job.share]) is job
 
 
-def _backfill_on(state: ClusterState, queue_name: str) -> bool:
+def _backfill_on(ctx: Context, queue_name: str) -> bool:
+    """With backfill, any queued job may run, not only heads: revisit every unit then."""
+    state = ctx.state
     queue = state.queues.get(queue_name)
     policy = None if queue is None else state.policies.get(queue.scheduling_policy)
-    return policy is not None and policy.backfill
+    if policy is None or not policy.backfill:
+        return False
+    ctx.touch_all()
+    return True
 
 
 @_handles(inp.UpdateJobPriority)
@@ -319,7 +324,7 @@ def _update_priority(ctx: Context, m: inp.UpdateJobPriority) -> bool:
     ctx.emit(ev.JobPriorityChanged, job_id=job.job_id, priority=m.priority)
     if job.status is not JobStatus.RUNNABLE:
         return True  # S4.6: a dispatched job's new priority matters when it is considered as a victim
-    return was_head or _is_head(state, job) or _backfill_on(state, job.share[0])
+    return was_head or _is_head(state, job) or _backfill_on(ctx, job.share[0])
 
 
 @_handles(inp.TerminateJob)
