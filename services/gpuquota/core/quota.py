@@ -253,6 +253,11 @@ class Ledger:
             usage -= hold_outstanding(self.state, hold)
         return usage
 
+    def in_quota(self, share: ShareRecord, unit: str, demand: int) -> bool:
+        """S2.7 without building ``Figures`` (the scheduling pass asks this for every head)."""
+        held = self.totals(unit).held_by_share.get(share.key, 0)
+        return share.usage.get(unit, 0) + held + demand <= share.limits.get(unit, 0)
+
     def figures(self, share: ShareRecord, unit: str, demand: int, exclude: str | None = None) -> Figures:
         totals = self.totals(unit)
         limit = share_limit(share, unit)

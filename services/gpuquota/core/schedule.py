@@ -33,7 +33,7 @@ from collections.abc import Iterator
 
 from gpuquota.core.context import Context
 from gpuquota.core.preemption import cross_share_candidates, find_victims, in_share_candidates
-from gpuquota.core.quota import Figures, Ledger
+from gpuquota.core.quota import Ledger
 from gpuquota.core.state import JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Placement, ServiceEnvironmentSpec, Strategy
@@ -127,8 +127,8 @@ class EnvironmentPass:
 
     # ----- phases 1 and 2 ----------------------------------------------------------------------
 
-    def figures(self, job: JobRecord, share: ShareRecord) -> Figures:
-        return self.ledger.figures(share, job.unit, job.count)
+    def in_quota(self, job: JobRecord, share: ShareRecord) -> bool:
+        return self.ledger.in_quota(share, job.unit, job.count)
 
     def candidate(self, share: ShareRecord, in_quota: bool) -> JobRecord | None:
         """The share's head if it belongs to this phase (and holds no preemption)."""
@@ -137,7 +137,7 @@ class EnvironmentPass:
             return None
         if not in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW:
             return None
-        return job if self.figures(job, share).in_quota is in_quota else None
+        return job if self.in_quota(job, share) is in_quota else None
 
     def sweep(self, in_quota: bool) -> list[JobRecord]:
         """Dispatch heads of this phase oldest first while they fit; return the heads that did not."""
@@ -182,7 +182,7 @@ class EnvironmentPass:
         """Backfill extension: dispatch the first later job of the share that fits in this phase."""
         phase = "IN_QUOTA" if in_quota else "BORROW"
         for job in self.queued_after_head(share):
-            if job.job_id in self.state.holds or self.figures(job, share).in_quota is not in_quota:
+            if job.job_id in self.state.holds or self.in_quota(job, share) is not in_quota:
                 continue
             if self.try_dispatch(job, share, phase):
                 return True
@@ -199,11 +199,7 @@ class EnvironmentPass:
             if share.spec.strategy is Strategy.LEND_AND_BORROW:
                 continue
             job = self.state.head(share)
-            if (
-                job is not None
-                and job.job_id not in self.state.holds
-                and not self.figures(job, share).in_quota
-            ):
+            if job is not None and job.job_id not in self.state.holds and not self.in_quota(job, share):
                 heads.append(job)
         return heads
 
