@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuquota.core import ClusterState, decide, evolve
+from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
@@ -176,7 +176,7 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def run(queued: int, inputs: int, seed: int, progress: bool) -> dict[str, Any]:
+def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "decide") -> dict[str, Any]:
     driver = Driver(random.Random(seed))
     setup_cluster(driver)
     gc.collect()
@@ -194,14 +194,18 @@ def run(queued: int, inputs: int, seed: int, progress: bool) -> dict[str, Any]:
     driver.counts.clear()
     gc.collect()
     clock = time.perf_counter
+    fused = mode == "step"
     started = clock()
     cpu_started = time.process_time()
     for serial in range(queued, queued + inputs):
         message = next_input(driver, serial)
         t0 = clock()
-        events = decide(driver.state, message)
-        for event in events:
-            evolve(driver.state, event)
+        if fused:
+            events = step(driver.state, message)
+        else:
+            events = decide(driver.state, message)
+            for event in events:
+                evolve(driver.state, event)
         latencies.append(clock() - t0)
         for event in events:
             driver.observe(event)
@@ -213,6 +217,7 @@ def run(queued: int, inputs: int, seed: int, progress: bool) -> dict[str, Any]:
     return {
         "queued": queued,
         "inputs": inputs,
+        "mode": mode,
         "instances": INSTANCES,
         "units": len(UNITS),
         "shares": SHARES,
@@ -236,11 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queued", type=int, default=100_000, help="jobs queued before measuring (N)")
     parser.add_argument("--inputs", type=int, default=200_000, help="mixed inputs measured (M)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--mode",
+        choices=("decide", "step"),
+        default="decide",
+        help="decide then evolve each event (the shells' contract, default), or the fused step",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.queued < 0 or args.inputs < 1:
         parser.error("--queued must be >= 0 and --inputs >= 1")
-    result = run(args.queued, args.inputs, args.seed, progress=not args.json or sys.stderr.isatty())
+    result = run(args.queued, args.inputs, args.seed, not args.json or sys.stderr.isatty(), args.mode)
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,6 +1,7 @@
 """The scheduling core: pure decisions over quota shares (semantics S1 to S8). No I/O here.
 
-Entry points: ``decide(state, input) -> events`` and ``evolve(state, event) -> state``;
+Entry points: ``decide(state, input) -> events`` and ``evolve(state, event) -> state``; ``step`` does
+both at once for shells that rebuild from the log on a failed append;
 ``replay(events)`` folds a log; ``explain(state, job_id)`` says why a job waits.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuquota.core.decide import decide
+from gpuquota.core.decide import decide, step
 from gpuquota.core.evolve import evolve
 from gpuquota.core.explain import Explanation, explain
 from gpuquota.core.state import ClusterState, fingerprint
@@ -23,4 +24,4 @@ def replay(events: Iterable[SchedulerEvent], heartbeat_timeout_ms: int = 30_000)
     return state
 
 
-__all__ = ["ClusterState", "Explanation", "decide", "evolve", "explain", "fingerprint", "replay"]
+__all__ = ["ClusterState", "Explanation", "decide", "evolve", "explain", "fingerprint", "replay", "step"]

@@ -46,6 +46,19 @@ def decide(state: ClusterState, message: SchedulerInput) -> list[SchedulerEvent]
         return ctx.events
 
 
+def step(state: ClusterState, message: SchedulerInput) -> list[SchedulerEvent]:
+    """``decide`` and ``evolve`` in one go: the returned events are already applied to ``state``.
+
+    For shells that can rebuild their state from the log whenever persisting the events fails (the
+    state is then ahead of the log). Equivalent to ``decide`` followed by ``evolve`` of each event,
+    without the trial's journal and the second application.
+    """
+    ctx = Context(state, message.event_id, message.occurred_at)
+    if _HANDLERS[type(message)](ctx, message) and ctx.dirty != set():
+        schedule(ctx)
+    return ctx.events
+
+
 def handled_input_types() -> frozenset[type[Any]]:
     return frozenset(_HANDLERS)
 

@@ -38,3 +38,30 @@ def test_scoped_pass_equals_full_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     full = recorded_events(True, monkeypatch)
     assert len(scoped) > 5000
     assert scoped == full
+
+
+def test_step_equals_decide_then_evolve() -> None:
+    """``step`` applies exactly the events ``decide`` returns, and reaches the same state."""
+    from gpuquota.core import ClusterState, decide, evolve, fingerprint, step
+
+    reference = workload.Driver(random.Random(5))
+    workload.setup_cluster(reference)
+    fused = ClusterState(heartbeat_timeout_ms=reference.state.heartbeat_timeout_ms)
+    messages = []
+    for index in range(800):
+        messages.append(reference.message(inp.SubmitJob, job=reference.job(index)))
+        reference.feed(messages[-1])
+    for serial in range(800, 2500):
+        messages.append(workload.next_input(reference, serial))
+        reference.feed(messages[-1])
+    replayed = ClusterState(heartbeat_timeout_ms=reference.state.heartbeat_timeout_ms)
+    setup = workload.Driver(random.Random(5), state=replayed)
+    workload.setup_cluster(setup)
+    fused_setup = workload.Driver(random.Random(5), state=fused)
+    workload.setup_cluster(fused_setup)
+    for message in messages:
+        events = decide(replayed, message)
+        for event in events:
+            evolve(replayed, event)
+        assert [e.model_dump() for e in step(fused, message)] == [e.model_dump() for e in events]
+    assert fingerprint(fused) == fingerprint(replayed) == fingerprint(reference.state)
