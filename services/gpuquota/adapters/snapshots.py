@@ -18,7 +18,7 @@ import struct
 from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.core import ClusterState
 
-SNAPSHOT_SCHEMA_VERSION = 2
+SNAPSHOT_SCHEMA_VERSION = 3
 
 MAGIC = b"GPQSNAP"
 _HEADER = struct.Struct(">7sH")  # magic, version (unsigned 16 bit, big endian)

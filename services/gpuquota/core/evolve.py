@@ -55,6 +55,7 @@ def _fenced(state: ClusterState, event: ev.AttemptFenced) -> None:
 
 @_handles(ev.SchedulingPolicyChanged)
 def _policy(state: ClusterState, event: ev.SchedulingPolicyChanged) -> None:
+    state.put("config_version", state.config_version + 1)
     if event.status == "DELETED":
         state.dict_pop(state.policies, event.spec.name)
     else:
@@ -63,6 +64,7 @@ def _policy(state: ClusterState, event: ev.SchedulingPolicyChanged) -> None:
 
 @_handles(ev.ServiceEnvironmentChanged)
 def _environment(state: ClusterState, event: ev.ServiceEnvironmentChanged) -> None:
+    state.put("config_version", state.config_version + 1)
     if event.status == "DELETED":
         state.dict_pop(state.environments, event.spec.name)
     else:
@@ -71,6 +73,7 @@ def _environment(state: ClusterState, event: ev.ServiceEnvironmentChanged) -> No
 
 @_handles(ev.JobQueueChanged)
 def _queue(state: ClusterState, event: ev.JobQueueChanged) -> None:
+    state.put("config_version", state.config_version + 1)
     if event.status == "DELETED":
         state.dict_pop(state.queues, event.spec.name)
     else:
@@ -79,6 +82,7 @@ def _queue(state: ClusterState, event: ev.JobQueueChanged) -> None:
 
 @_handles(ev.QuotaShareChanged)
 def _share(state: ClusterState, event: ev.QuotaShareChanged) -> None:
+    state.put("config_version", state.config_version + 1)
     key = (event.spec.job_queue, event.spec.name)
     if event.status == "DELETED":
         state.dict_pop(state.shares, key)

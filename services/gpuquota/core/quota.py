@@ -90,8 +90,13 @@ def share_usage(state: ClusterState, share: ShareRecord, unit: str, exclude: str
 
 def shares_of_environment(state: ClusterState, environment: str) -> list[ShareRecord]:
     """The quota shares of every job queue attached to ``environment``."""
-    queues = {q.name for q in state.queues.values() if q.service_environment == environment}
-    return [share for key, share in state.shares.items() if key[0] in queues]
+
+    def compute() -> list[ShareRecord]:
+        queues = {q.name for q in state.queues.values() if q.service_environment == environment}
+        return [share for key, share in state.shares.items() if key[0] in queues]
+
+    shares: list[ShareRecord] = state.derived(("shares", environment), compute)
+    return shares
 
 
 def reserved_idle(

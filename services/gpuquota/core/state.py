@@ -257,6 +257,17 @@ class ClusterState:
         self.dispatch_counter = 0
         self.applied = 0
         """How many events have been applied: the log position this state corresponds to."""
+        self.config_version = 0
+        """Bumped by every resource change; keys caches of values derived from the configuration."""
+        self._derived: dict[tuple[str, str], tuple[int, Any]] = {}
+
+    def derived(self, key: tuple[str, str], compute: Callable[[], Any]) -> Any:
+        """``compute()``, cached until the configuration changes (a cache, not state: never journalled)."""
+        cached = self._derived.get(key)
+        if cached is None or cached[0] != self.config_version:
+            cached = (self.config_version, compute())
+            self._derived[key] = cached
+        return cached[1]
 
     # ----- the journal -------------------------------------------------------------------------
 
@@ -272,6 +283,7 @@ class ClusterState:
         finally:
             self._journal[0] = None
             journal.rollback()
+            self._derived.clear()  # values derived inside the trial may name objects it created
 
     @property
     def journal_cell(self) -> list[Journal | None]:
