@@ -11,7 +11,9 @@ filters need not parse JSON; job-state records also carry ``job_queue`` and ``qu
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -96,8 +98,31 @@ async def ensure_topics(bootstrap: str, topics: KafkaTopics, partitions: int | N
             name, code = topic_error[0], topic_error[1]
             if code not in (0, _TOPIC_ALREADY_EXISTS):
                 raise RuntimeError(f"cannot create Kafka topic {name}: error {code} {topic_error[2:]}")
+        await _wait_for_leaders(admin, [topic.name for topic in new])
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float = 30.0) -> None:
+    """Wait until the broker's metadata shows every partition of ``names`` with a leader.
+
+    A new topic's partitions appear in metadata a moment after CreateTopics returns; a consumer that
+    subscribes in between is assigned only the partitions it saw, and would ignore the others until
+    its next metadata refresh (minutes).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        described = await admin.describe_topics(names)
+        ready = {
+            t["topic"]
+            for t in described
+            if t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+        }
+        if ready >= set(names):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kafka topics without leaders after {timeout:g} s: {set(names) - ready}")
+        await asyncio.sleep(0.1)  # polling interval while the controller elects leaders
 
 
 def partition_for(key: str, partitions: int) -> int:

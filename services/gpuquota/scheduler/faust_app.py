@@ -169,6 +169,7 @@ class SchedulerService:
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=cfg.commit_interval,
             producer_acks=-1,
+            producer_linger=0.002,  # batch the publications of consecutive inputs
             loop=asyncio.get_running_loop(),
         )
         inputs = app.topic(
