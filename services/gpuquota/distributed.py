@@ -302,6 +302,7 @@ def run_scheduler(environ: dict[str, str] | None = None) -> int:
         tick_seconds=settings.tick_seconds,
         heartbeat_timeout_ms=int(settings.heartbeat_seconds * 6000),
         data_dir=settings.data_dir,
+        instance_id=settings.instance_id or None,
     )
 
     async def main() -> int:

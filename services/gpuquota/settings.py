@@ -22,6 +22,8 @@ GPUQUOTA_HEARTBEAT_SECONDS     node heartbeat period in seconds (default 5); the
                                scheduler declares a node lost after 6 periods
 GPUQUOTA_SNAPSHOT_EVERY        snapshot a pool's state every N decided inputs (1000)    scheduler
 GPUQUOTA_TICK_SECONDS          period of the scheduler's Tick (default 1)               scheduler
+GPUQUOTA_INSTANCE_ID           static Kafka group membership id of this scheduler       scheduler
+                               (optional; a restart with the same id resumes at once)
 GPUQUOTA_DATA_DIR              local state directory (default ``.gpuquota``)            scheduler, node-agent
 GPUQUOTA_NODE_ID               this node's id (required)                                node-agent
 GPUQUOTA_GPUS                  number of GPUs this node offers (default 1)              node-agent
@@ -149,8 +151,8 @@ class SchedulerSettings(_DatabaseSettings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_POOL, GPUQUOTA_NODES,
     GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR, GPUQUOTA_SNAPSHOT_EVERY,
-    GPUQUOTA_TICK_SECONDS, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``nodes`` (a static inventory)
-    is not used by the Kafka scheduler: nodes register themselves.
+    GPUQUOTA_TICK_SECONDS, GPUQUOTA_INSTANCE_ID, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    ``nodes`` (a static inventory) is not used by the Kafka scheduler: nodes register themselves.
     """
 
     pool: Name = "default"
@@ -160,6 +162,7 @@ class SchedulerSettings(_DatabaseSettings):
     data_dir: Path = Path(".gpuquota")
     snapshot_every: Annotated[int, Field(ge=1)] = 1000
     tick_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,128}$")] = ""
 
     @field_validator("nodes", mode="before")
     @classmethod

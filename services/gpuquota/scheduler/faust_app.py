@@ -65,6 +65,11 @@ class SchedulerConfig:
     """Partitions of topics this service creates (default: the catalogue's)."""
     app_id: str | None = None
     """The faust app id and consumer group (default ``topics.scheduler_group``)."""
+    instance_id: str | None = None
+    """Static group membership (KIP-345): a restarted scheduler with the same id gets its partitions
+    back at once, without waiting for the group to notice that the old process is gone."""
+    session_timeout: float = 10.0
+    """Seconds without a heartbeat before the group gives a (crashed) member's partitions to others."""
 
 
 def job_id_of(event: ev.SchedulerEvent) -> str:
@@ -168,6 +173,9 @@ class SchedulerService:
             topic_replication_factor=1,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=cfg.commit_interval,
+            consumer_group_instance_id=cfg.instance_id,
+            broker_session_timeout=cfg.session_timeout,
+            broker_heartbeat_interval=min(3.0, cfg.session_timeout / 4),
             producer_acks=-1,
             producer_linger=0.002,  # batch the publications of consecutive inputs
             loop=asyncio.get_running_loop(),
