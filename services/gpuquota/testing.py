@@ -195,9 +195,15 @@ class _LoopThread:
 
 
 @contextlib.contextmanager
-def _run_service(service: _Service, name: str, timeout: float) -> Iterator[str]:
-    thread = _LoopThread(name)
+def _run_service(make: Callable[[], _Service], timeout: float) -> Iterator[str]:
+    """Build (inside the loop: aiokafka objects need a running loop), start, yield the URL, stop."""
+    thread = _LoopThread("gpuquota-test-stack")
     try:
+
+        async def build() -> _Service:
+            return make()
+
+        service: _Service = thread.call(build, timeout)
         try:
             thread.call(service.start, timeout)
         except BaseException:
@@ -216,10 +222,12 @@ def _run_service(service: _Service, name: str, timeout: float) -> Iterator[str]:
 def _embedded(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStack]:
     from gpuquota.embedded import EmbeddedStack
 
-    service = EmbeddedStack(
-        data_dir, "127.0.0.1", 0, options.nodes, options.runtime, tick_seconds=0.5, preemption_grace=5.0
-    )
-    with _run_service(service, "gpuquota-test-stack", options.start_timeout) as url:
+    def make() -> EmbeddedStack:
+        return EmbeddedStack(
+            data_dir, "127.0.0.1", 0, options.nodes, options.runtime, tick_seconds=0.5, preemption_grace=5.0
+        )
+
+    with _run_service(make, options.start_timeout) as url:
         yield GpuquotaStack(url, "embedded")
 
 
@@ -230,29 +238,33 @@ def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStac
     from gpuquota.embedded import node_slots
     from gpuquota.node_agent import make_runtime
 
-    if not options.kafka or not options.database_url:
+    kafka, database_url = options.kafka, options.database_url
+    if not kafka or not database_url:
         raise StackError(
             "distributed mode needs --gpuquota-kafka and --gpuquota-database-url "
             "(or KAFKA_BOOTSTRAP_SERVERS and DATABASE_URL)"
         )
     run = uuid.uuid4().hex[:10]
     prefix, pool = f"t{run}.", f"p-{run}"
-    # nodes get ids unique to the run: node agents commit offsets to a group named after their node
+    # node ids unique to the run: a node agent commits its offsets to a group named after its node
     nodes = [(f"{node_id}-{run}", slots) for node_id, slots in node_slots(options.nodes)]
-    service = DistributedStack(
-        options.kafka,
-        options.database_url,
-        port=0,
-        nodes=nodes,
-        runtime=make_runtime(options.runtime),
-        data_dir=data_dir,
-        topics=KafkaTopics(prefix),
-        pool=pool,
-        heartbeat_seconds=1.0,
-        preemption_grace=5.0,
-    )
-    with _run_service(service, "gpuquota-test-stack", options.start_timeout) as url:
-        yield GpuquotaStack(url, "distributed", options.kafka, prefix, pool)
+
+    def make() -> DistributedStack:
+        return DistributedStack(
+            kafka,
+            database_url,
+            port=0,
+            nodes=nodes,
+            runtime=make_runtime(options.runtime),
+            data_dir=data_dir,
+            topics=KafkaTopics(prefix),
+            pool=pool,
+            heartbeat_seconds=1.0,
+            preemption_grace=5.0,
+        )
+
+    with _run_service(make, options.start_timeout) as url:
+        yield GpuquotaStack(url, "distributed", kafka, prefix, pool)
 
 
 @contextlib.contextmanager
