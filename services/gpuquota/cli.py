@@ -28,10 +28,16 @@ def _not_implemented(args: argparse.Namespace) -> int:
     return NOT_IMPLEMENTED
 
 
-def _gateway(_: argparse.Namespace) -> int:
+def _gateway(args: argparse.Namespace) -> int:
     from gpuquota.distributed import run_gateway
 
-    return run_gateway()
+    return run_gateway(auth_keys=args.auth_keys)
+
+
+def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpuquota.gateway.auth import add_auth_keys
+
+    add_auth_keys(parser)
 
 
 def _scheduler(_: argparse.Namespace) -> int:
@@ -112,6 +118,7 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
 
 #: subcommand -> adds its flags to its parser
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "gateway": _gateway_arguments,
     "node-agent": _node_agent_arguments,
     "up": _up_arguments,
     "demo": _demo_arguments,

@@ -27,6 +27,7 @@ from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
 from gpuquota.core import explain
 from gpuquota.gateway import Gateway
+from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
 from gpuquota.node_agent import NodeAgent, Runtime
 from gpuquota.node_agent.kafka_link import KafkaNodeLink
@@ -52,6 +53,7 @@ class GatewayService:
         arns: ArnFactory | None = None,
         decision_timeout: float = 5.0,
         store: EventStore | None = None,
+        auth: Keyring | None = None,
     ) -> None:
         self.kafka = kafka
         self.database_url = database_url
@@ -62,6 +64,7 @@ class GatewayService:
         self.read_model = ReadModel(arns)
         self.decision_timeout = decision_timeout
         self.store = store
+        self.auth = auth
         self._own_store = store is None
         self.projector: LogProjector | None = None
         self.producer: InputProducer | None = None
@@ -88,6 +91,7 @@ class GatewayService:
             port,
             pool=self.pool,
             explainer=lambda job_id: explain(projector.state, job_id),
+            auth=self.auth,
         )
         self._runner = web.AppRunner(gateway.app(), access_log=None)
         await self._runner.setup()
@@ -168,6 +172,7 @@ class DistributedStack:
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
         snapshot_every: int = 1000,
+        auth: Keyring | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.scheduler = SchedulerService(
@@ -182,7 +187,7 @@ class DistributedStack:
             )
         )
         self.gateway = GatewayService(
-            kafka, database_url, topics=self.topics, pool=pool, host=host, port=port
+            kafka, database_url, topics=self.topics, pool=pool, host=host, port=port, auth=auth
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:
@@ -260,7 +265,9 @@ def configure_logging(level: str) -> None:
     )
 
 
-def run_gateway(environ: dict[str, str] | None = None) -> int:
+def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = None) -> int:
+    """``gpuquota gateway``: ``auth_keys`` (``--auth-keys``) overrides ``GPUQUOTA_AUTH_KEYS``."""
+    from gpuquota.gateway.auth import KeyConfigError, load_auth
     from gpuquota.settings import GatewaySettings, SettingsError
 
     try:
@@ -269,6 +276,12 @@ def run_gateway(environ: dict[str, str] | None = None) -> int:
         print(f"gpuquota gateway: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    path = auth_keys or (None if settings.auth_keys is None else str(settings.auth_keys))
+    try:
+        auth = load_auth(path, settings.host, "gpuquota gateway")
+    except KeyConfigError as exc:
+        print(f"gpuquota gateway: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> int:
         service = GatewayService(
@@ -278,6 +291,7 @@ def run_gateway(environ: dict[str, str] | None = None) -> int:
             pool=settings.pool,
             host=settings.host,
             port=settings.port,
+            auth=auth,
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 

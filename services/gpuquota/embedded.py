@@ -22,6 +22,7 @@ from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
 from gpuquota.core.explain import explain
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
+from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import SchedulerShell
@@ -67,6 +68,7 @@ class EmbeddedStack:
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
         arns: ArnFactory | None = None,
+        auth: Keyring | None = None,
     ) -> None:
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.host = host
@@ -77,6 +79,7 @@ class EmbeddedStack:
         self.heartbeat_seconds = heartbeat_seconds
         self.preemption_grace = preemption_grace
         self.arns = arns or ArnFactory()
+        self.auth = auth
         self.store: EventStore | None = None
         self.shell: SchedulerShell | None = None
         self.gateway: Gateway | None = None
@@ -99,6 +102,7 @@ class EmbeddedStack:
             EmbeddedCommandPort(shell),
             clock=shell.clock,
             explainer=lambda job_id: explain(shell.state, job_id),
+            auth=self.auth,
         )
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self._runner.setup()
@@ -155,6 +159,7 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
     add("--runtime", choices=("process", "simulated"), default="process", help="how attempts run")
     add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")
     add("--database-url", default=None, help="distributed mode: PostgreSQL URL (GPUQUOTA_DATABASE_URL)")
+    add_auth_keys(parser)
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -166,14 +171,19 @@ def run_up(args: argparse.Namespace) -> int:
     )
     port = args.port if args.port is not None else int(os.environ.get("GPUQUOTA_PORT", "8642"))
     logging.basicConfig(level=os.environ.get("GPUQUOTA_LOG_LEVEL", "INFO"), stream=sys.stderr)
+    try:
+        auth = load_auth(args.auth_keys or os.environ.get(AUTH_KEYS_ENV), args.host, "gpuquota up")
+    except KeyConfigError as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 2
     if any(distributed):
         kafka = args.kafka or os.environ.get("GPUQUOTA_KAFKA")
         database_url = args.database_url or os.environ.get("GPUQUOTA_DATABASE_URL")
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
-        return _run_distributed(args, kafka, database_url, port)
-    stack = EmbeddedStack(args.data_dir, args.host, port, args.nodes, args.runtime)
+        return _run_distributed(args, kafka, database_url, port, auth)
+    stack = EmbeddedStack(args.data_dir, args.host, port, args.nodes, args.runtime, auth=auth)
     try:
         asyncio.run(_serve(stack))
     except (OSError, ValueError) as exc:
@@ -182,7 +192,9 @@ def run_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, port: int) -> int:
+def _run_distributed(
+    args: argparse.Namespace, kafka: str, database_url: str, port: int, auth: Keyring | None
+) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.distributed import DistributedStack, serve
 
@@ -197,6 +209,7 @@ def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, po
             data_dir=Path(args.data_dir),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
+            auth=auth,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())

@@ -13,6 +13,7 @@ GPUQUOTA_LOG_LEVEL             DEBUG, INFO, WARNING or ERROR (default INFO)     
 GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db``                  gateway, scheduler
 GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
+GPUQUOTA_AUTH_KEYS             YAML/JSON file of SigV4 keys; unset: no authentication   gateway
 GPUQUOTA_TOPIC_PREFIX          prefix of every Kafka topic and group id (default none)  all
 GPUQUOTA_POOL                  GPU pool: the gateway's and node's pool; the scheduler's  all
                                pool for keyless input records (default ``default``)
@@ -138,12 +139,14 @@ class GatewaySettings(_DatabaseSettings):
     """``gpuquota gateway``: HTTP API in front of the scheduler.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
-    GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    GPUQUOTA_AUTH_KEYS, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``auth_keys``: the keys file of
+    ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no authentication.
     """
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     pool: Name = "default"
+    auth_keys: Path | None = None
 
 
 class SchedulerSettings(_DatabaseSettings):

@@ -69,7 +69,7 @@ class Api:
             from botocore.config import Config
 
             credentials: dict[str, str] = {}
-            if not (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
+            if not _configured_credentials():
                 # Authentication is off by default: any key signs (and skips the credential chain).
                 credentials = {"aws_access_key_id": "gpuquota", "aws_secret_access_key": "gpuquota"}
             self._batch = boto3.client(
@@ -128,7 +128,7 @@ class Api:
         params = {k: v for k, v in query.items() if v is not None}
         url = self.endpoint + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+            with urllib.request.urlopen(self._signed_get(url), timeout=self.timeout) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             raise CliError(_error_message(exc)) from None
@@ -142,6 +142,19 @@ class Api:
             raise CliError(f"{url} did not answer a JSON object")
         return data
 
+    def _signed_get(self, url: str) -> urllib.request.Request:
+        """A ``GET`` of ``url`` signed (SigV4) with the credentials the ``batch`` client uses."""
+        import boto3
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        credentials = boto3.Session().get_credentials() if _configured_credentials() else None
+        signer = SigV4Auth(credentials or Credentials("gpuquota", "gpuquota"), "batch", REGION)
+        request = AWSRequest(method="GET", url=url)
+        signer.add_auth(request)
+        return urllib.request.Request(url, headers=dict(request.headers.items()), method="GET")
+
     def shares(self, queue: str | None = None) -> list[dict[str, Any]]:
         rows = self.get("/gpuquota/v1/shares", queue=queue)["quotaShares"]
         return list(rows)
@@ -153,6 +166,11 @@ class Api:
         if self._batch is not None:
             self._batch.close()
             self._batch = None
+
+
+def _configured_credentials() -> bool:
+    """Whether the environment names AWS credentials (a gateway with ``--auth-keys`` needs them)."""
+    return bool(os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE"))
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:

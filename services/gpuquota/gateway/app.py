@@ -19,6 +19,7 @@ Errors: ``ClientException`` (HTTP 400) and ``ServerException`` (HTTP 500), with 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpuquota.arns import ArnFactory
 from gpuquota.core.explain import Explanation
+from gpuquota.gateway.auth import AccessDenied, Keyring, Principal, SignedRequest, verify
 from gpuquota.gateway.errors import ApiError, ClientException, ServerException
 from gpuquota.gateway.params import Params, check_tags, paginate
 from gpuquota.gateway.ports import CommandPort, CommandRejected
@@ -87,14 +89,16 @@ class Gateway:
         clock: Clock = wall_clock_ms,
         pool: str = "default",
         explainer: Explainer | None = None,
+        auth: Keyring | None = None,
     ) -> None:
         self.rm = read_model
         self.port = port
         self.clock = clock
         self.pool = pool
         self.explainer = explainer
-        self.operations: dict[str, Operation] = {
-            name.lower(): getattr(self, f"op_{name}")
+        self.auth = auth
+        self.operation_names = {
+            name.lower(): name
             for name in (
                 "CreateSchedulingPolicy",
                 "UpdateSchedulingPolicy",
@@ -122,6 +126,9 @@ class Gateway:
                 "TerminateServiceJob",
                 "TerminateServiceJobs",
             )
+        }
+        self.operations: dict[str, Operation] = {
+            lower: getattr(self, f"op_{name}") for lower, name in self.operation_names.items()
         }
 
     @property
@@ -682,13 +689,22 @@ class Gateway:
         return self.rm.describe_job(self._job(p.req_string("jobId")))
 
     async def op_ListServiceJobs(self, p: Params) -> dict[str, Any]:
+        return self.list_service_jobs(p)
+
+    def list_service_jobs(self, p: Params, visible: Principal | None = None) -> dict[str, Any]:
+        """ListServiceJobs; with ``visible``, only the jobs of the shares that principal owns."""
         queue_ref = p.string("jobQueue")
         queue = None if queue_ref is None else self._queue(queue_ref).spec.name
         status = p.enum("jobStatus", JOB_STATUSES)
         filters = p.objs("filters") or []
         if len(filters) > 1:
             raise ClientException("Only one filter can be used at a time")
-        jobs = [j for j in self.rm.jobs.values() if queue is None or j.spec.job_queue == queue]
+        jobs = [
+            j
+            for j in self.rm.jobs.values()
+            if (queue is None or j.spec.job_queue == queue)
+            and (visible is None or visible.owns(j.spec.job_queue, j.spec.quota_share))
+        ]
         if filters:
             name = filters[0].req_enum("name", FILTERS)
             values = filters[0].strs("values", required=True) or []
@@ -844,10 +860,59 @@ class Gateway:
         return out
 
     async def _shares_route(self, request: web.Request) -> web.Response:
+        principal = await self._authenticate(request)
+        if principal is not None and not principal.admin:
+            raise self._denied(principal, "gpuquota:ListShares")
         return _json(await self.shares(request.query.get("queue")))
 
     async def _explain_route(self, request: web.Request) -> web.Response:
-        return _json(await self.explain(unquote(request.match_info["job"])))
+        principal = await self._authenticate(request)
+        ref = unquote(request.match_info["job"])
+        if principal is not None and not principal.admin:
+            self._check_job(principal, "gpuquota:ExplainJob", ref)
+        return _json(await self.explain(ref))
+
+    # ----- authentication and authorization (``gpuquota.gateway.auth``) --------------------------
+
+    async def _authenticate(self, request: web.Request) -> Principal | None:
+        """The principal that signed ``request`` (``None`` when authentication is off)."""
+        if self.auth is None:
+            return None
+        headers: dict[str, list[str]] = {}
+        for name, value in request.headers.items():
+            headers.setdefault(name.lower(), []).append(value)
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        signed = SignedRequest(request.method, raw_path, raw_query, headers, await request.read())
+        now = dt.datetime.fromtimestamp(self.clock() / 1000, dt.UTC)
+        return verify(signed, self.auth, now)
+
+    def _denied(self, principal: Principal, action: str) -> AccessDenied:
+        return AccessDenied(f"User {principal.access_key} is not authorized to perform: {action}")
+
+    def _check_job(self, principal: Principal, action: str, ref: str) -> None:
+        """Deny unless ``ref`` is unknown (the operation then says so) or a job of a share of the key."""
+        try:
+            job = self._job(ref)
+        except ClientException:
+            return
+        if not principal.owns(job.spec.job_queue, job.spec.quota_share):
+            raise self._denied(principal, f"{action} on {self.arns.job(job.spec.job_id)}")
+
+    def _authorize(self, principal: Principal, name: str, p: Params) -> None:
+        """Raise ``AccessDenied`` unless a share-limited ``principal`` may call ``name`` with ``p``."""
+        action = f"batch:{self.operation_names[name]}"
+        if not principal.may(name):
+            raise self._denied(principal, action)
+        if name == "submitservicejob":
+            queue = self._queue(p.req_string("jobQueue")).spec.name
+            share = p.string("quotaShareName")
+            if share is not None and not principal.owns(queue, share):
+                raise self._denied(principal, f"{action} on {self.arns.share(queue, share)}")
+        elif name in ("updateservicejob", "describeservicejob", "terminateservicejob"):
+            self._check_job(principal, action, p.req_string("jobId"))
+        elif name == "terminateservicejobs":
+            for ref in p.strs("jobs", required=True, max_items=100) or []:
+                self._check_job(principal, action, ref)
 
     # ----- HTTP --------------------------------------------------------------------------------
 
@@ -858,10 +923,11 @@ class Gateway:
         app.router.add_get("/gpuquota/v1/shares", self._shares_route)
         app.router.add_get("/gpuquota/v1/jobs/{job:.+}/explain", self._explain_route)
         app.router.add_route("*", "/v1/{operation}", self._operation)
-        app.router.add_route("*", "/{tail:.*}", _unknown)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
         return app
 
     async def _operation(self, request: web.Request) -> web.Response:
+        principal = await self._authenticate(request)
         name = request.match_info["operation"].lower()
         operation = self.operations.get(name)
         if operation is None or request.method != "POST":
@@ -869,16 +935,29 @@ class Gateway:
         raw = await request.read()
         if name == "submitservicejob" and len(raw) > MAX_SUBMIT_BYTES:
             raise ClientException("SubmitServiceJob requests must be at most 30 KiB")
-        return _json(await operation(_body(raw)))
+        params = _body(raw)
+        if principal is not None and not principal.admin:
+            self._authorize(principal, name, params)
+            if name == "listservicejobs":
+                return _json(self.list_service_jobs(params, principal))
+        return _json(await operation(params))
 
     async def _tags(self, request: web.Request) -> web.Response:
+        principal = await self._authenticate(request)
         arn = unquote(request.match_info["arn"])
+        if principal is not None and not principal.admin:
+            action = {"GET": "ListTagsForResource", "POST": "TagResource", "DELETE": "UntagResource"}
+            raise self._denied(principal, f"batch:{action.get(request.method, request.method)}")
         if request.method == "GET":
             return _json(await self.list_tags(arn))
         if request.method == "POST":
             return _json(await self.tag_resource(arn, _body(await request.read())))
         if request.method == "DELETE":
             return _json(await self.untag_resource(arn, request.query.getall("tagKeys", [])))
+        raise ClientException(f"Unknown operation {request.method} {request.path}")
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        await self._authenticate(request)
         raise ClientException(f"Unknown operation {request.method} {request.path}")
 
 
@@ -954,7 +1033,3 @@ async def _errors(
 
 async def _health(_: web.Request) -> web.Response:
     return _json({"status": "ok"})
-
-
-async def _unknown(request: web.Request) -> web.Response:
-    raise ClientException(f"Unknown operation {request.method} {request.path}")
