@@ -143,6 +143,30 @@ class GpuquotaStack:
         why = body.get("explanation") or {}
         return f"{why.get('reason')}: {why.get('message')}"
 
+    def terminate_all_jobs(
+        self, reason: str = "Terminated by gpuquota.testing", timeout: float = 60.0
+    ) -> None:
+        """Terminate every unfinished job of every queue and wait until all are finished.
+
+        Node agents leave job processes running when they stop (a restarted agent adopts them), so the
+        fixture calls this before stopping a stack whose runtime is ``process``.
+        """
+        pending: list[str] = []
+        for page in self.batch.get_paginator("describe_job_queues").paginate():
+            for queue in page["jobQueues"]:
+                for status in ("SUBMITTED", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING"):
+                    query = {"jobQueue": queue["jobQueueName"], "jobStatus": status}
+                    while True:
+                        listed = self.batch.list_service_jobs(**query)
+                        pending.extend(job["jobId"] for job in listed["jobSummaryList"])
+                        if not listed.get("nextToken"):
+                            break
+                        query["nextToken"] = listed["nextToken"]
+        for job_id in pending:
+            self.batch.terminate_service_job(jobId=job_id, reason=reason)
+        for job_id in pending:
+            self.wait_for_status(job_id, *TERMINAL, timeout=timeout)
+
     def close(self) -> None:
         self.batch.close()
 
@@ -339,7 +363,11 @@ def start_stack(options: StackOptions | None = None, data_dir: Path | None = Non
         else:
             stack = resources.enter_context(_container(options))
         resources.callback(stack.close)
-        yield stack
+        try:
+            yield stack
+        finally:
+            if options.runtime == "process" and mode != "docker":
+                stack.terminate_all_jobs()  # no job process may outlive the stack
 
 
 # ----- the pytest plugin ---------------------------------------------------------------------------------

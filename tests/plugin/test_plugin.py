@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -113,3 +116,53 @@ def test_distributed_stack(kafka_bootstrap: str, database_url: str) -> None:
             serviceRequestPayload=json.dumps(request),
         )["jobId"]
         stack.wait_for_status(job_id, "SUCCEEDED", timeout=60)
+
+
+def test_process_runtime_leaves_no_job_process_behind(tmp_path: Path) -> None:
+    script = (
+        "import os, time; open(os.environ['SM_CHECKPOINT_DIR'] + '/pid', 'w').write(str(os.getpid())); "
+        "time.sleep(600)"
+    )
+    request = {
+        "TrainingJobName": "t",
+        "ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1},
+        "AlgorithmSpecification": {"ContainerEntrypoint": [sys.executable, "-c", script]},
+    }
+    options = StackOptions(mode="embedded", nodes="ml.g5.xlarge=1", runtime="process")
+    with start_stack(options, tmp_path) as stack:
+        batch = stack.batch
+        batch.create_scheduling_policy(name="p", quotaSharePolicy={"idleResourceAssignmentStrategy": "FIFO"})
+        batch.create_service_environment(
+            serviceEnvironmentName="se",
+            serviceEnvironmentType="SAGEMAKER_TRAINING",
+            capacityLimits=[{"capacityUnit": "ml.g5.xlarge", "maxCapacity": 1}],
+        )
+        batch.create_job_queue(
+            jobQueueName="q",
+            jobQueueType="SAGEMAKER_TRAINING",
+            priority=1,
+            schedulingPolicyArn="arn:aws:batch:us-east-1:000000000000:scheduling-policy/p",
+            serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
+        )
+        batch.create_quota_share(
+            quotaShareName="s",
+            jobQueue="q",
+            capacityLimits=[{"capacityUnit": "ml.g5.xlarge", "maxCapacity": 1}],
+            resourceSharingConfiguration={"strategy": "RESERVE"},
+            preemptionConfiguration={"inSharePreemption": "DISABLED"},
+        )
+        job_id = batch.submit_service_job(
+            jobName="sleeper",
+            jobQueue="q",
+            serviceJobType="SAGEMAKER_TRAINING",
+            quotaShareName="s",
+            serviceRequestPayload=json.dumps(request),
+        )["jobId"]
+        stack.wait_for_status(job_id, "RUNNING")
+        (pid_file,) = tmp_path.rglob("pid")
+        deadline = time.monotonic() + 10
+        while not pid_file.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the job writes its pid right after it starts
+        pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
