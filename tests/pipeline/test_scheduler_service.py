@@ -3,6 +3,7 @@ recovery from snapshot + tail, and an unreachable database."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +17,7 @@ from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics
 from gpuquota.core import fingerprint, replay
 from gpuquota.scheduler.faust_app import SchedulerService
+from gpuquota.scheduler.pipeline import PipelineFailed
 from gpuquota.wire import events as ev
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, RunAttempt
@@ -227,3 +229,30 @@ def state_of_replayed(inputs: list[SchedulerInput]) -> Any:
         for event in decide(state, message):
             evolve(state, event)
     return state
+
+
+async def test_a_database_outage_beyond_the_retry_bound_fails_the_service(
+    kafka_bootstrap: str,
+    topics: KafkaTopics,
+    pool: str,
+    run_id: str,
+    tmp_path: Path,
+    producer: Producer,
+    store: EventStore,
+    pg_proxy: tuple[TcpProxy, str],
+) -> None:
+    proxy, proxied_url = pg_proxy
+    inputs = scenario(run_id, jobs=1)
+    config = scheduler_config(kafka_bootstrap, proxied_url, topics, pool, tmp_path, store_retry_seconds=1)
+    service = SchedulerService(config)
+    await service.start()
+    try:
+        await producer.send(inputs[0])
+        await logged(store, pool, 1)
+        await proxy.stop()
+        await producer.send(inputs[1])
+        failure = await asyncio.wait_for(service.wait(), 30)
+    finally:
+        await service.stop()
+    assert isinstance(failure, PipelineFailed), failure
+    assert await store.last_seq(pool) == 1
