@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuquota.adapters.event_store import EventStore
-from gpuquota.adapters.kafka import KafkaTopics
+from gpuquota.adapters.kafka import KafkaTopics, partition_for
 from gpuquota.core import fingerprint, replay
 from gpuquota.scheduler.faust_app import SchedulerService
 from gpuquota.scheduler.pipeline import PipelineFailed
@@ -22,7 +22,7 @@ from gpuquota.wire import events as ev
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, RunAttempt
 from tests.builders import Harness, job
-from tests.pipeline.conftest import Producer, TcpProxy, scheduler_config, unique, wait_until
+from tests.pipeline.conftest import PARTITIONS, Producer, TcpProxy, scheduler_config, unique, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -256,3 +256,72 @@ async def test_a_database_outage_beyond_the_retry_bound_fails_the_service(
         await service.stop()
     assert isinstance(failure, PipelineFailed), failure
     assert await store.last_seq(pool) == 1
+
+
+def pools_on_distinct_partitions(run_id: str) -> list[str]:
+    found: dict[int, str] = {}
+    for index in range(100):
+        name = f"p-{run_id}-{index}"
+        found.setdefault(partition_for(name, PARTITIONS), name)
+        if len(found) == PARTITIONS:
+            return [found[p] for p in sorted(found)]
+    raise AssertionError("no pool names for every partition")
+
+
+def inputs_held(service: SchedulerService, topic: str) -> set[int]:
+    assert service.app is not None
+    return {tp.partition for tp in service.app.consumer.assignment() if tp.topic == topic}
+
+
+async def test_partitions_move_between_two_schedulers_without_loss_or_duplicates(
+    kafka_bootstrap: str,
+    database_url: str,
+    topics: KafkaTopics,
+    run_id: str,
+    tmp_path: Path,
+    producer: Producer,
+    store: EventStore,
+) -> None:
+    pools = pools_on_distinct_partitions(run_id)
+    sent: dict[str, list[SchedulerInput]] = {pool: [] for pool in pools}
+
+    async def feed(jobs: range) -> None:
+        for pool in pools:
+            h = Harness.worked_example() if not sent[pool] else Harness()
+            h.submit(*(job(f"j{i}").share(f"QS{i % 3 + 1}") for i in jobs))
+            for message in unique(h.inputs, f"{run_id}/{pool}/{jobs.start}"):
+                await producer.send(message, key=pool.encode())
+                sent[pool].append(message)
+        for pool in pools:
+            await logged(store, pool, len(sent[pool]), timeout=60)
+
+    def config(name: str) -> Any:
+        return scheduler_config(kafka_bootstrap, database_url, topics, pools[0], tmp_path / name)
+
+    first, second = SchedulerService(config("a")), SchedulerService(config("b"))
+    await first.start()
+    try:
+        await feed(range(0, 3))
+        await second.start()
+        try:
+            await wait_until(
+                lambda: len(inputs_held(first, topics.inputs))
+                == len(inputs_held(second, topics.inputs))
+                == 1,
+                60,
+                "the partitions to be split between the two schedulers",
+            )
+            await feed(range(3, 6))
+        finally:
+            await first.stop()
+        await wait_until(lambda: len(inputs_held(second, topics.inputs)) == PARTITIONS, 60, "a takeover")
+        await feed(range(6, 9))
+        assert second.pipeline is not None
+        for pool in pools:
+            records = await store.read(pool)
+            assert [r.input.event_id for r in records] == [m.event_id for m in sent[pool]]
+            state = (await second.pipeline.runtime(pool)).state
+            assert fingerprint(state) == fingerprint(replay(e for r in records for e in r.events))
+    finally:
+        await second.stop()
+    assert first.failure is None and second.failure is None
