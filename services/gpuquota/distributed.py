@@ -83,6 +83,7 @@ class GatewayService:
         folded = await projector.catch_up()
         log.info("gateway: read model folded %d log records of pool %s", folded, self.pool)
         self._tail = asyncio.create_task(projector.run(), name="gateway-log-tail")
+        self._tail.add_done_callback(_report_crash)
         self.producer = InputProducer(self.kafka, self.topics, client_id="gpuquota-gateway")
         await self.producer.start()
         port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
@@ -111,6 +112,12 @@ class GatewayService:
         if self.store is not None and self._own_store:
             await self.store.close()
             self.store = None
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """A background loop must not die silently (its service would look alive but do nothing)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.critical("%s stopped: %r", task.get_name(), exc, exc_info=exc)
 
 
 class NodeAgentService:
@@ -146,6 +153,7 @@ class NodeAgentService:
         await self.link.start()  # fixes the command position before the agent registers
         await self.agent.start()
         self._feed = asyncio.create_task(self.link.run(self.agent.deliver), name=f"node-{self.link.node_id}")
+        self._feed.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
         await self.agent.stop()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from gpuquota.adapters.kafka import (
@@ -85,7 +86,10 @@ class KafkaNodeLink:
                 if record.key == key:
                     await self._deliver(record, deliver)
             if records:
-                await self._consumer.commit({self._tp: records[-1].offset + 1})
+                try:
+                    await self._consumer.commit({self._tp: records[-1].offset + 1})
+                except KafkaError as exc:  # e.g. the broker restarts; the next batch commits again
+                    log.warning("node %s: committing the command offset failed: %s", self.node_id, exc)
 
     async def _deliver(self, record: ConsumerRecord[bytes, bytes], deliver: Deliver) -> None:
         try:
@@ -99,9 +103,12 @@ class KafkaNodeLink:
                 offset=record.offset,
                 occurred_at=time.time_ns() // 1_000_000,
             )
-            await self._letters.send_and_wait(
-                self.topics.dead_letter, encode(letter), key=record.key, headers=message_headers(letter)
-            )
+            try:
+                await self._letters.send_and_wait(
+                    self.topics.dead_letter, encode(letter), key=record.key, headers=message_headers(letter)
+                )
+            except KafkaError as exc:
+                log.error("node %s: dead letter for offset %d lost: %s", self.node_id, record.offset, exc)
             return
         await deliver(command)
         self.delivered += 1
