@@ -86,9 +86,9 @@ class Driver:
             self.dispatched.pop(event.job_id, None)
             self.stopping.discard(event.job_id)
 
-    def message(self, kind: type[Any], **fields: Any) -> Any:
+    def message(self, kind: type[Any], advance: bool = True, **fields: Any) -> Any:
         self.serial += 1
-        self.now += 1
+        self.now += 1 if advance else 0
         return kind(event_id=f"b{self.serial}", occurred_at=self.now, **fields)
 
     def job(self, index: int) -> JobSpec:
@@ -183,7 +183,8 @@ def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "decide
     base_rss = rss_mb()
     started = time.perf_counter()
     for index in range(queued):
-        driver.feed(driver.message(inp.SubmitJob, job=driver.job(index)))
+        # The queue is filled at one instant: simulated time must not outrun the nodes' heartbeats.
+        driver.feed(driver.message(inp.SubmitJob, advance=False, job=driver.job(index)))
         if progress and index and index % 100_000 == 0:
             print(f"  queued {index:,} jobs ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     fill_seconds = time.perf_counter() - started
