@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from gpuquota.adapters.event_store import (
+    BatchAppend,
     DuplicateInput,
     EventStore,
     InMemoryEventStore,
@@ -282,3 +283,25 @@ async def test_a_new_store_object_sees_everything(backend: Backend) -> None:
     assert await reader.positions("p") == {("in", 0): 42}
     assert await reader.latest_snapshot("p") == snapshot
     assert await reader.append("p", len(log), *sample_log("next-")[0]) == len(log) + 1
+
+
+# ----- group commit (``BatchAppend``: the stores of the embedded mode) --------------------------------
+
+
+async def test_append_batch_records_all_or_nothing(store: EventStore) -> None:
+    if not isinstance(store, BatchAppend):
+        pytest.skip(f"{type(store).__name__} appends one input at a time")
+    log = sample_log()
+    assert await store.append_batch("p", 0, log[:3]) == 3
+    assert await store.append("p", 3, *log[3]) == 4
+    assert await store.append_batch("p", 4, log[4:6]) == 6
+    assert await store.read("p") == records(log[:6])
+
+    for bad in ([log[6], log[1]], [log[6], log[6]]):  # recorded before; twice in the batch
+        with pytest.raises(DuplicateInput):
+            await store.append_batch("p", 6, bad)
+    with pytest.raises(StaleWriter):
+        await store.append_batch("p", 5, log[6:8])
+    assert await store.read("p") == records(log[:6])
+    assert await store.append_batch("p", 6, log[6:]) == len(log)
+    assert await store.read("p") == records(log)

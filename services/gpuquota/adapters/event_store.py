@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
@@ -97,6 +97,23 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
+Entry = tuple[SchedulerInput, Sequence[SchedulerEvent]]
+"""An input and the events decided for it: one record of the log."""
+
+
+@runtime_checkable
+class BatchAppend(Protocol):
+    """Stores that can record several inputs in one transaction (group commit of the embedded shell)."""
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+        """Record ``entries`` as sequences ``expected_seq + 1 ...``, all or none; return the last one.
+
+        Raises like ``append`` (``DuplicateInput`` if any input is recorded already, also twice in
+        ``entries``; ``StaleWriter``; ``TransientStoreError``), and then records nothing.
+        """
+        ...
+
+
 @dataclass
 class InMemoryEventStore:
     """The in-memory twin: same contract, nothing durable."""
@@ -123,6 +140,20 @@ class InMemoryEventStore:
         self.seen[pool].add(message.event_id)
         if position is not None:
             self.cursor.setdefault(pool, {})[(position.topic, position.partition)] = position.next_offset
+        return len(log)
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+        seen = self.seen.setdefault(pool, set())
+        ids = [message.event_id for message, _ in entries]
+        for input_id in ids:
+            if input_id in seen or ids.count(input_id) > 1:
+                raise DuplicateInput(input_id)
+        log = self.logs.setdefault(pool, [])
+        if expected_seq != len(log):
+            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {len(log)}")
+        for message, events in entries:
+            log.append(Record(len(log) + 1, message, tuple(events)))
+        seen.update(ids)
         return len(log)
 
     async def last_seq(self, pool: str) -> int:

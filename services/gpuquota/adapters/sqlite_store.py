@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from gpuquota.adapters.event_store import (
     DuplicateInput,
+    Entry,
     EventStoreError,
     Position,
     Record,
@@ -111,6 +112,13 @@ class SqliteEventStore:
         row = (encode_input(message), encode_events(events))
         input_id = message.event_id
         return await self._call(lambda conn: _append(conn, pool, expected_seq, input_id, row, position))
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+        """Several inputs in one transaction (``BatchAppend``): one commit and one thread hop for all."""
+        rows = [
+            (message.event_id, encode_input(message), encode_events(events)) for message, events in entries
+        ]
+        return await self._call(lambda conn: _append_batch(conn, pool, expected_seq, rows))
 
     async def last_seq(self, pool: str) -> int:
         return await self._call(lambda conn: _last_seq(conn, pool))
@@ -217,6 +225,34 @@ def _append(
         conn.execute("ROLLBACK")
         raise
     return expected_seq + 1
+
+
+def _append_batch(
+    conn: sqlite3.Connection, pool: str, expected_seq: int, rows: list[tuple[str, str, str]]
+) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        ids = [row[0] for row in rows]
+        if len(set(ids)) != len(ids):
+            raise DuplicateInput(next(i for i in ids if ids.count(i) > 1))
+        for start in range(0, len(ids), 500):  # SQLite's limit on host parameters is 999 before 3.32
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            found = conn.execute(f"SELECT input_id FROM inputs WHERE input_id IN ({marks})", chunk).fetchone()
+            if found:
+                raise DuplicateInput(found[0])
+        last = _last_seq(conn, pool)
+        if last != expected_seq:
+            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
+        conn.executemany(
+            "INSERT INTO inputs (pool, seq, input_id, data, events) VALUES (?, ?, ?, ?, ?)",
+            [(pool, expected_seq + i, *row) for i, row in enumerate(rows, start=1)],
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return expected_seq + len(rows)
 
 
 def _read(conn: sqlite3.Connection, pool: str, after_seq: int, limit: int) -> list[Record]:

@@ -10,6 +10,16 @@ folds the event into the read model. Node commands and job-state events go to an
 delivery task, in decision order; delivering outside the lock lets a node agent's ``deliver`` feed
 reports back into ``handle`` without deadlock.
 
+Group commit: with a store that can append several records in one transaction (``BatchAppend``: SQLite
+and the in-memory twin), ``handle`` queues its input and one drain task takes every input queued so far
+as a batch: it decides and evolves them one after another (each on the state its predecessors left),
+appends the batch in one transaction, and only then folds the events into the read model, queues the
+commands and answers the callers, in order. While a batch is being written the next one gathers, so a
+burst of requests costs one commit (and one hop to the store's thread) instead of one each. If the
+append fails the state is ahead of the log: the shell rebuilds it from the log and handles the batch's
+inputs one at a time as above, so a duplicate or a store error affects only its own input.
+``group_commit=False`` (or a store without ``append_batch``, like PostgreSQL's) means one input per append.
+
 ``recover()`` rebuilds the state and the read model by folding the whole log of the pool. A tick task
 feeds ``Tick`` (time passing: heartbeat expiry, timeouts, time limits) every ``tick_seconds``. Ticks and
 heartbeats that decide nothing are not written to the log (replay folds events; they carry none).
@@ -27,7 +37,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from gpuquota.adapters.event_store import DuplicateInput, EventStore
+from gpuquota.adapters.event_store import BatchAppend, DuplicateInput, Entry, EventStore
 from gpuquota.commands import node_commands
 from gpuquota.core import ClusterState, decide, evolve
 from gpuquota.readmodel import ReadModel
@@ -44,6 +54,7 @@ M = TypeVar("M", bound=Message)
 NodeCommandSink = Callable[[NodeCommand], Awaitable[None]]
 EventSubscriber = Callable[[SchedulerEvent], Awaitable[None]]
 Clock = Callable[[], int]
+Answer = asyncio.Future[list[SchedulerEvent]]
 
 _QUIET_INPUTS = (inp.Tick, inp.NodeHeartbeat)
 
@@ -64,6 +75,7 @@ class SchedulerShell:
         tick_seconds: float = 1.0,
         clock: Clock = wall_clock_ms,
         heartbeat_timeout_ms: int = 30_000,
+        group_commit: bool = True,
     ) -> None:
         self.store = store
         self.read_model = read_model or ReadModel()
@@ -78,6 +90,10 @@ class SchedulerShell:
         self._lock = asyncio.Lock()
         self._outbox: asyncio.Queue[tuple[list[NodeCommand], list[SchedulerEvent]]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._batching = group_commit and isinstance(store, BatchAppend)
+        self._queued: list[tuple[SchedulerInput, Answer]] = []
+        self._drainer: asyncio.Task[None] | None = None
+        self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
 
     # ----- inputs ------------------------------------------------------------------------------
 
@@ -91,22 +107,114 @@ class SchedulerShell:
 
     async def handle(self, message: SchedulerInput) -> list[SchedulerEvent]:
         """Decide, record and apply ``message``; return its events ([] for a duplicate input)."""
-        async with self._lock:
-            events = decide(self.state, message)
-            if events or not isinstance(message, _QUIET_INPUTS):
+        if not self._batching:
+            async with self._lock:
+                return await self._handle_one(message)
+        answer: Answer = asyncio.get_running_loop().create_future()
+        self._queued.append((message, answer))
+        if self._drainer is None:
+            self._drainer = asyncio.create_task(self._drain(), name="shell-batches")
+        return await answer
+
+    async def _handle_one(self, message: SchedulerInput) -> list[SchedulerEvent]:
+        """One input on its own: decide, append, evolve, project (the lock is held)."""
+        events = decide(self.state, message)
+        if events or not isinstance(message, _QUIET_INPUTS):
+            try:
+                self.seq = await self.store.append(self.pool, self.seq, message, events)
+            except DuplicateInput:
+                return []
+        commands: list[NodeCommand] = []
+        for event in events:
+            commands.extend(node_commands(self.state, event))
+            evolve(self.state, event)
+        self._apply(events, commands)
+        return events
+
+    def _apply(self, events: list[SchedulerEvent], commands: list[NodeCommand]) -> None:
+        """The effects of recorded events: read model, then commands and notifications to deliver."""
+        for event in events:
+            self._project(event)
+        published: list[SchedulerEvent] = [e for e in events if isinstance(e, ev.JOB_STATE_EVENTS)]
+        if commands or published:
+            self._outbox.put_nowait((commands, published))
+
+    async def _drain(self) -> None:
+        """Handle queued inputs batch by batch until none is left (the one task doing so)."""
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
                 try:
-                    self.seq = await self.store.append(self.pool, self.seq, message, events)
-                except DuplicateInput:
-                    return []
+                    async with self._lock:
+                        await self._handle_batch(batch)
+                except Exception as exc:
+                    log.exception("a batch of %d inputs failed", len(batch))
+                    for _, answer in batch:
+                        if not answer.done():
+                            answer.set_exception(exc)
+                finally:
+                    for _, answer in batch:  # only when cancelled (``stop``)
+                        answer.cancel()
+        finally:
+            self._drainer = None
+            for _, answer in self._queued:
+                answer.cancel()
+            self._queued = []
+
+    async def _handle_batch(self, batch: list[tuple[SchedulerInput, Answer]]) -> None:
+        if self._stale:
+            await self._rebuild_state()
+        decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent], list[NodeCommand]]] = []
+        entries: list[Entry] = []
+        self._stale = True  # from the first evolve until the batch is recorded
+        for message, answer in batch:
+            try:
+                events = decide(self.state, message)
+            except Exception as exc:  # decide changes nothing when it fails
+                answer.set_exception(exc)
+                continue
             commands: list[NodeCommand] = []
             for event in events:
                 commands.extend(node_commands(self.state, event))
                 evolve(self.state, event)
-                self._project(event)
-            published: list[SchedulerEvent] = [e for e in events if isinstance(e, ev.JOB_STATE_EVENTS)]
-            if commands or published:
-                self._outbox.put_nowait((commands, published))
-            return events
+            decided.append((message, answer, events, commands))
+            if events or not isinstance(message, _QUIET_INPUTS):
+                entries.append((message, events))
+        try:
+            if entries:
+                assert isinstance(self.store, BatchAppend)
+                self.seq = await self.store.append_batch(self.pool, self.seq, entries)
+        except Exception:
+            # The state is ahead of the log: rebuild it, then one input at a time as without batches.
+            await self._rebuild_state()
+            for message, answer, _, _ in decided:
+                try:
+                    result = await self._handle_one(message)
+                except Exception as exc:
+                    if not answer.done():
+                        answer.set_exception(exc)
+                else:
+                    if not answer.done():
+                        answer.set_result(result)
+            return
+        self._stale = False
+        for _, answer, events, commands in decided:
+            self._apply(events, commands)
+            if not answer.done():
+                answer.set_result(events)
+
+    async def _rebuild_state(self) -> None:
+        """Fold the pool's log into a new ``ClusterState`` (the read model is left as it is)."""
+        state = ClusterState(self.heartbeat_timeout_ms)
+        after = 0
+        while records := await self.store.read(self.pool, after_seq=after):
+            for record in records:
+                for event in record.events:
+                    evolve(state, event)
+                after = record.seq
+        self.state = state
+        self.seq = after
+        self._stale = False
 
     def _project(self, event: SchedulerEvent) -> None:
         """Fold ``event`` into the read model; a projection bug must not stop the scheduler."""
@@ -144,6 +252,8 @@ class SchedulerShell:
             self._tasks.append(asyncio.create_task(self._tick_forever(), name="shell-tick"))
 
     async def stop(self) -> None:
+        if self._drainer is not None:
+            self._tasks.append(self._drainer)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

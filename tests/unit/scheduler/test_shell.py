@@ -6,8 +6,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from gpuquota.adapters.event_store import InMemoryEventStore
+from gpuquota.adapters.event_store import InMemoryEventStore, TransientStoreError
 from gpuquota.adapters.sqlite_store import SqliteEventStore
 from gpuquota.core import fingerprint
 from gpuquota.scheduler.shell import SchedulerShell
@@ -250,3 +251,79 @@ async def test_concurrent_inputs_are_serialised() -> None:
     await asyncio.gather(*submissions)
     assert shell.seq == 4 + 50
     assert len(shell.read_model.runnable[("jq", "QS1")]) == 50
+
+
+# ----- group commit ----------------------------------------------------------------------------------
+
+
+class CountingStore(InMemoryEventStore):
+    """Counts batches; ``fail_next`` makes the next ``append_batch`` (and ``append`` of one id) fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+        self.fail_next: Exception | None = None
+        self.fail_id: str | None = None
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Any) -> int:
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        self.batches.append(len(entries))
+        return await super().append_batch(pool, expected_seq, entries)
+
+    async def append(
+        self, pool: str, expected_seq: int, message: Any, events: Any, position: Any = None
+    ) -> int:
+        if message.event_id == self.fail_id:
+            raise TransientStoreError("database unreachable")
+        return await super().append(pool, expected_seq, message, events, position)
+
+
+async def rebuilt(store: InMemoryEventStore) -> Any:
+    """The fingerprint of the state folded from the log."""
+    again = SchedulerShell(store, tick_seconds=0)
+    await again.recover()
+    return fingerprint(again.state)
+
+
+async def test_concurrent_inputs_share_commits_and_decide_as_in_sequence() -> None:
+    store = CountingStore()
+    shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
+    await setup(shell)
+    messages = [shell.make(inp.SubmitJob, job=job(f"j{i}", i % 4, i)) for i in range(40)]
+    results = await asyncio.gather(*(shell.handle(m) for m in messages))
+    assert len(store.batches) < 10 and sum(store.batches) == 5 + 40
+    assert [r.input.event_id for r in await store.read("default", after_seq=5)] == [
+        m.event_id for m in messages
+    ]
+
+    one_by_one = SchedulerShell(InMemoryEventStore(), clock=Clock(), tick_seconds=0, group_commit=False)
+    await setup(one_by_one)
+    expected = [await one_by_one.handle(m) for m in messages]
+    assert [[type(e) for e in r] for r in results] == [[type(e) for e in r] for r in expected]
+    assert fingerprint(shell.state) == fingerprint(one_by_one.state) == await rebuilt(store)
+    assert shell.read_model.share_table() == one_by_one.read_model.share_table()
+
+
+async def test_a_failed_batch_is_redone_one_input_at_a_time() -> None:
+    store = CountingStore()
+    shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
+    await setup(shell)
+    first = shell.make(inp.SubmitJob, job=job("a"))
+    assert await shell.handle(first)
+
+    # a duplicate in a batch: the batch fails, the others are recorded, the duplicate answers []
+    again = [first, shell.make(inp.SubmitJob, job=job("b")), shell.make(inp.SubmitJob, job=job("c"))]
+    results = await asyncio.gather(*(shell.handle(m) for m in again))
+    assert results[0] == [] and results[1] and results[2]
+    assert fingerprint(shell.state) == await rebuilt(store)
+
+    # a store error: only the input that could not be recorded fails; the state follows the log
+    lost, kept = shell.make(inp.SubmitJob, job=job("d")), shell.make(inp.SubmitJob, job=job("e"))
+    store.fail_next, store.fail_id = TransientStoreError("database unreachable"), lost.event_id
+    outcomes = await asyncio.gather(shell.handle(lost), shell.handle(kept), return_exceptions=True)
+    assert isinstance(outcomes[0], TransientStoreError) and isinstance(outcomes[1], list)
+    assert "d" not in shell.state.jobs and "e" in shell.state.jobs and "d" not in shell.read_model.jobs
+    assert fingerprint(shell.state) == await rebuilt(store)
+    assert shell.seq == await store.last_seq("default")
