@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from gpuquota.adapters.event_store import (
     BatchAppend,
+    BatchEntry,
     DuplicateInput,
     EventStore,
     InMemoryEventStore,
@@ -305,3 +306,118 @@ async def test_append_batch_records_all_or_nothing(store: EventStore) -> None:
     assert await store.read("p") == records(log[:6])
     assert await store.append_batch("p", 6, log[6:]) == len(log)
     assert await store.read("p") == records(log)
+
+
+# ----- append_many: one transaction per batch (the distributed scheduler's group commit) --------------
+
+
+def batch(entries: list[Entry], partition: int = 0, first_offset: int = 0) -> list[BatchEntry]:
+    """``entries`` as consumed one after another from ``partition``, from ``first_offset`` on."""
+    return [
+        (message, events, Position("in", partition, offset + 1))
+        for offset, (message, events) in enumerate(entries, start=first_offset)
+    ]
+
+
+async def test_append_many_records_in_order_and_numbers_on(store: EventStore) -> None:
+    log = sample_log()
+    assert await store.append_many("p", 0, batch(log[:3])) == 3
+    assert await store.append("p", 3, *log[3]) == 4  # single appends and batches interleave
+    assert await store.append_many("p", 4, []) == 4  # nothing to record
+    assert await store.append_many("p", 4, batch(log[4:], first_offset=4)) == len(log)
+
+    assert await store.read("p") == records(log)
+    assert await store.last_seq("p") == len(log)
+    assert await store.read("p", after_seq=2, limit=3) == records(log)[2:5]
+
+
+async def test_append_many_records_the_last_position_per_partition(store: EventStore) -> None:
+    log = sample_log()
+    entries: list[BatchEntry] = [
+        (*log[0], Position("in", 0, 11)),
+        (*log[1], Position("in", 1, 5)),
+        (*log[2], Position("in", 0, 12)),
+        (*log[3], None),  # e.g. a timer input
+        (*log[4], Position("in", 1, 6)),
+    ]
+    await store.append_many("p", 0, entries)
+    assert await store.positions("p") == {("in", 0): 12, ("in", 1): 6}
+    assert await store.pools_at("in", 1) == ["p"]
+
+    await store.append_many("p", 5, [(*log[5], None)])
+    assert await store.positions("p") == {("in", 0): 12, ("in", 1): 6}
+    await store.append_many("p", 6, [(*log[6], Position("in", 0, 13))])
+    assert await store.positions("p") == {("in", 0): 13, ("in", 1): 6}
+
+
+async def test_append_many_with_a_stale_expected_seq_records_nothing(store: EventStore) -> None:
+    log = sample_log()
+    await store.append_many("p", 0, batch(log[:3]))
+
+    for stale in (0, 2, 4):  # behind the log, and ahead of it
+        with pytest.raises(StaleWriter):
+            await store.append_many("p", stale, batch(log[3:6], partition=1, first_offset=3))
+
+    assert await store.read("p") == records(log[:3])
+    assert await store.positions("p") == {("in", 0): 3}
+    assert await store.recorded_inputs([m.event_id for m, _ in log[3:6]]) == set()
+    assert await store.append_many("p", 3, batch(log[3:6], first_offset=3)) == 6  # not marked as seen
+
+
+async def test_a_duplicate_refuses_the_whole_batch_and_is_named(store: EventStore) -> None:
+    log = sample_log()
+    await store.append_many("p", 0, batch(log[:4]))
+    again = log[1]  # recorded before: a redelivered or re-produced input
+    attempt = batch([log[4], again, log[5]], first_offset=10)
+
+    with pytest.raises(DuplicateInput) as refused:
+        await store.append_many("p", 4, attempt)
+    assert str(refused.value) == again[0].event_id
+    with pytest.raises(DuplicateInput):  # the same input twice in one batch
+        await store.append_many("p", 4, batch([log[4], log[5], log[4]], first_offset=10))
+
+    assert await store.read("p") == records(log[:4])
+    assert await store.positions("p") == {("in", 0): 4}
+    ids = [message.event_id for message, _, _ in attempt]
+    assert await store.recorded_inputs(ids) == {again[0].event_id}
+    # the caller drops what is recorded and appends the rest
+    rest = [entry for entry in attempt if entry[0].event_id not in {again[0].event_id}]
+    assert await store.append_many("p", 4, rest) == 6
+    assert await store.read("p") == records([*log[:4], log[4], log[5]])
+    assert await store.positions("p") == {("in", 0): 13}
+
+
+async def test_recorded_inputs_answers_across_pools(store: EventStore) -> None:
+    a, b = sample_log("a-"), sample_log("b-")
+    await store.append_many("a", 0, batch(a[:2]))
+    await store.append("b", 0, *b[0])
+
+    ids = [a[0][0].event_id, a[1][0].event_id, a[2][0].event_id, b[0][0].event_id, "never"]
+    assert await store.recorded_inputs(ids) == set(ids[:2]) | {ids[3]}
+    assert await store.recorded_inputs([]) == set()
+
+
+async def test_concurrent_batches_with_the_same_expected_seq_exactly_one_wins(backend: Backend) -> None:
+    first, second = await backend.open(), await backend.open()
+    log = sample_log()
+    await first.append_many("p", 0, batch(log[:2]))
+    mine, theirs = batch(log[2:5], first_offset=2), batch(log[5:8], partition=1, first_offset=5)
+
+    outcomes = await asyncio.gather(
+        first.append_many("p", 2, mine), second.append_many("p", 2, theirs), return_exceptions=True
+    )
+
+    assert [o for o in outcomes if not isinstance(o, BaseException)] == [5], outcomes
+    assert [type(o) for o in outcomes if isinstance(o, BaseException)] == [StaleWriter]
+    winner = log[2:5] if outcomes[0] == 5 else log[5:8]
+    assert await second.read("p") == records([*log[:2], *winner])
+
+
+async def test_a_long_batch_is_one_append(store: EventStore) -> None:
+    ticks: list[Entry] = [(inp.Tick(event_id=f"t{i}", occurred_at=i), ()) for i in range(1500)]
+    assert await store.append_many("p", 0, batch(ticks)) == 1500
+    assert await store.positions("p") == {("in", 0): 1500}
+    assert len(await store.recorded_inputs([m.event_id for m, _ in ticks])) == 1500
+    with pytest.raises(DuplicateInput):
+        await store.append_many("p", 1500, batch([*sample_log()[:1], ticks[1499]]))
+    assert await store.last_seq("p") == 1500

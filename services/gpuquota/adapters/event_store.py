@@ -4,7 +4,9 @@ One ``append`` records one decided input atomically: the input itself, the event
 returned for it, and (in the distributed mode) the Kafka position it came from. Each pool's log has
 a sequence number checked on append (``expected_seq``), so a stale owner after a rebalance cannot
 write; an input whose ``event_id`` is already recorded is refused as a duplicate, which makes
-redelivery harmless. Snapshots bound recovery time: state = snapshot + the events after it.
+redelivery harmless. ``append_many`` records several entries, in order, in ONE transaction (group
+commit): all of them or none, with the same checks; ``recorded_inputs`` then tells which inputs of a
+refused batch were duplicates. Snapshots bound recovery time: state = snapshot + the events after it.
 
 Implementations: ``InMemoryEventStore`` (here, the twin for unit tests), SQLite (embedded mode) and
 PostgreSQL (distributed mode); all pass ``tests/contract/test_event_store.py``.
@@ -62,6 +64,13 @@ class Snapshot:
     state: bytes
 
 
+Entry = tuple[SchedulerInput, Sequence[SchedulerEvent]]
+"""An input and the events decided for it: one record of the log."""
+
+BatchEntry = tuple[SchedulerInput, Sequence[SchedulerEvent], Position | None]
+"""One record of ``append_many``: an input, its events, and where it was consumed (None: nowhere)."""
+
+
 class EventStore(Protocol):
     async def append(
         self,
@@ -72,6 +81,22 @@ class EventStore(Protocol):
         position: Position | None = None,
     ) -> int:
         """Record ``message`` and its events as sequence ``expected_seq + 1``; return that sequence."""
+        ...
+
+    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
+        """Record ``entries`` in order as sequences ``expected_seq + 1 ...`` in one transaction.
+
+        All or nothing; returns the last sequence (``expected_seq`` when ``entries`` is empty, without
+        any check). Each entry's position is recorded as with ``append``; for several entries from one
+        partition the last one's counts. Raises like ``append`` and then records nothing:
+        ``DuplicateInput`` (naming one such input) if any input is recorded already or appears twice in
+        ``entries``; otherwise ``StaleWriter`` if ``expected_seq`` is not the pool's last sequence;
+        ``TransientStoreError`` (the batch may or may not have committed).
+        """
+        ...
+
+    async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
+        """Which of ``input_ids`` are recorded already (in any pool): the duplicates of a batch."""
         ...
 
     async def last_seq(self, pool: str) -> int:
@@ -97,13 +122,13 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
-Entry = tuple[SchedulerInput, Sequence[SchedulerEvent]]
-"""An input and the events decided for it: one record of the log."""
-
-
 @runtime_checkable
 class BatchAppend(Protocol):
-    """Stores that can record several inputs in one transaction (group commit of the embedded shell)."""
+    """Stores that can record several inputs in one transaction (group commit of the embedded shell).
+
+    ``append_batch(pool, seq, entries)`` is ``append_many(pool, seq, [(m, e, None) ...])``: every store
+    has ``append_many`` now; this shape stays for callers that record no positions.
+    """
 
     async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
         """Record ``entries`` as sequences ``expected_seq + 1 ...``, all or none; return the last one.
@@ -112,6 +137,16 @@ class BatchAppend(Protocol):
         ``entries``; ``StaleWriter``; ``TransientStoreError``), and then records nothing.
         """
         ...
+
+
+def first_repeated(input_ids: Sequence[str]) -> str | None:
+    """The first id that occurs twice in ``input_ids`` (a batch must not hold an input twice)."""
+    seen: set[str] = set()
+    for input_id in input_ids:
+        if input_id in seen:
+            return input_id
+        seen.add(input_id)
+    return None
 
 
 @dataclass
@@ -142,19 +177,34 @@ class InMemoryEventStore:
             self.cursor.setdefault(pool, {})[(position.topic, position.partition)] = position.next_offset
         return len(log)
 
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
+        if not entries:
+            return expected_seq
         seen = self.seen.setdefault(pool, set())
-        ids = [message.event_id for message, _ in entries]
+        ids = [message.event_id for message, _, _ in entries]
+        repeated = first_repeated(ids)
+        if repeated is not None:
+            raise DuplicateInput(repeated)
         for input_id in ids:
-            if input_id in seen or ids.count(input_id) > 1:
+            if input_id in seen:
                 raise DuplicateInput(input_id)
         log = self.logs.setdefault(pool, [])
         if expected_seq != len(log):
             raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {len(log)}")
-        for message, events in entries:
+        for message, events, position in entries:
             log.append(Record(len(log) + 1, message, tuple(events)))
+            if position is not None:
+                cursor = self.cursor.setdefault(pool, {})
+                cursor[(position.topic, position.partition)] = position.next_offset
         seen.update(ids)
         return len(log)
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
+
+    async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
+        wanted = set(input_ids)
+        return {input_id for seen in self.seen.values() for input_id in seen & wanted}
 
     async def last_seq(self, pool: str) -> int:
         return len(self.logs.get(pool, []))

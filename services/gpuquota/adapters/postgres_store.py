@@ -17,10 +17,16 @@ database's constraints, so they also hold between processes:
   waits on the first writer's index entry and fails when that one commits: exactly one wins.
 * duplicate: ``inputs.input_id`` is unique (across pools).
 
+``append_many`` is ONE statement too: the same CTEs over ``unnest`` of one array parameter per column
+insert all the batch's rows (input rows ``expected_seq + 1 ...``, their events numbered on from the
+pool's last event, and per partition the last entry's position), so a batch costs one round trip and
+one commit however long it is; a constraint violation by any row aborts the whole statement.
+
 Any failed append is classified afterwards by asking whether ``input_id`` is recorded: if it is,
 the input is a duplicate (also when the writer was stale, as the in-memory twin does); otherwise the
-writer was stale. Connection failures become ``TransientStoreError``; after one the append may or may
-not have committed, and a retry then answers ``DuplicateInput`` if it had.
+writer was stale (for a batch: if any of its inputs is recorded, ``DuplicateInput`` names it).
+Connection failures become ``TransientStoreError``; after one the append may or may not have
+committed, and a retry then answers ``DuplicateInput`` if it had.
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ from typing import Any, NoReturn
 import asyncpg
 
 from gpuquota.adapters.event_store import (
+    BatchEntry,
     DuplicateInput,
+    Entry,
     EventStoreError,
     Position,
     Record,
     Snapshot,
     StaleWriter,
     TransientStoreError,
+    first_repeated,
 )
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
 from gpuquota.adapters.migrate import apply_migrations
@@ -75,6 +84,38 @@ WITH ins AS (
     ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset
 )
 SELECT input_seq FROM ins
+"""
+
+_APPEND_MANY = """
+WITH batch AS (
+    SELECT * FROM unnest($3::text[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[])
+        WITH ORDINALITY AS b(input_id, topic, part, next_offset, data, events, n)
+), ins AS (
+    INSERT INTO inputs
+        (pool, input_seq, input_id, source_topic, source_partition, source_offset, data, events)
+    SELECT $1, $2::bigint + b.n, b.input_id, b.topic, b.part, b.next_offset - 1, b.data::jsonb,
+           b.events::jsonb
+    FROM batch AS b
+    WHERE $2::bigint = 0 OR EXISTS (SELECT 1 FROM inputs WHERE pool = $1 AND input_seq = $2::bigint)
+    ORDER BY b.n
+    RETURNING input_seq, events
+), evs AS (
+    INSERT INTO events (pool, seq, event_id, event_type, schema_version, occurred_at, data, input_seq)
+    SELECT $1, base.seq + row_number() OVER (ORDER BY ins.input_seq, e.n), e.data->>'event_id',
+           e.data->>'type', (e.data->>'schema_version')::smallint,
+           to_timestamp((e.data->>'occurred_at')::bigint / 1000.0), e.data, ins.input_seq
+    FROM ins,
+         (SELECT COALESCE(MAX(seq), 0) AS seq FROM events WHERE pool = $1) AS base,
+         jsonb_array_elements(ins.events) WITH ORDINALITY AS e(data, n)
+), pos AS (
+    INSERT INTO consumer_positions (pool, topic, partition, next_offset)
+    SELECT DISTINCT ON (b.topic, b.part) $1, b.topic, b.part, b.next_offset
+    FROM batch AS b
+    WHERE b.topic IS NOT NULL AND EXISTS (SELECT 1 FROM ins)
+    ORDER BY b.topic, b.part, b.n DESC
+    ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset
+)
+SELECT count(*) FROM ins
 """
 
 _READ = """
@@ -152,13 +193,52 @@ class PostgresEventStore:
                 await self._refuse(pool, expected_seq, message.event_id, None)
         return int(seq)
 
-    async def _refuse(self, pool: str, expected_seq: int, input_id: str, constraint: str | None) -> NoReturn:
-        """Raises the error that explains why an append did not insert its row."""
-        sql = "SELECT EXISTS (SELECT 1 FROM inputs WHERE input_id = $1)"
-        if await self._pool.fetchval(sql, input_id):
-            raise DuplicateInput(input_id)
+    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
+        if not entries:
+            return expected_seq
+        ids = [message.event_id for message, _, _ in entries]
+        repeated = first_repeated(ids)
+        if repeated is not None:
+            raise DuplicateInput(repeated)
+        topics: list[str | None] = []
+        partitions: list[int | None] = []
+        offsets: list[int | None] = []
+        for _, _, position in entries:
+            topics.append(None if position is None else position.topic)
+            partitions.append(None if position is None else position.partition)
+            offsets.append(None if position is None else position.next_offset)
+        inputs = [encode_input(message) for message, _, _ in entries]
+        events = [encode_events(decided) for _, decided, _ in entries]
+        args = (pool, expected_seq, ids, topics, partitions, offsets, inputs, events)
+        with _transient():
+            try:
+                count = await self._pool.fetchval(_APPEND_MANY, *args)
+            except asyncpg.UniqueViolationError as exc:
+                await self._refuse(pool, expected_seq, ids, exc.constraint_name)
+            if count != len(entries):
+                await self._refuse(pool, expected_seq, ids, None)
+        return expected_seq + len(entries)
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+        """``append_many`` without positions (``BatchAppend``)."""
+        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
+
+    async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
+        sql = "SELECT input_id FROM inputs WHERE input_id = ANY($1::text[])"
+        with _transient():
+            rows = await self._pool.fetch(sql, list(input_ids))
+        return {row[0] for row in rows}
+
+    async def _refuse(
+        self, pool: str, expected_seq: int, input_ids: str | list[str], constraint: str | None
+    ) -> NoReturn:
+        """Raises the error that explains why an append did not insert its row(s)."""
+        ids = [input_ids] if isinstance(input_ids, str) else input_ids
+        recorded = await self.recorded_inputs(ids)
+        if recorded:
+            raise DuplicateInput(next(i for i in ids if i in recorded))
         if constraint == "events_event_id_key":
-            raise EventStoreError(f"pool {pool}: an event id of input {input_id} is already recorded")
+            raise EventStoreError(f"pool {pool}: an event id of input(s) {ids[:3]} is already recorded")
         last = await self.last_seq(pool)
         raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
 

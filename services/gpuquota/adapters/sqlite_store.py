@@ -5,10 +5,10 @@ Theory of operation
 ``sqlite3`` blocks, so every call runs on one private worker thread that owns the connection; the
 event loop only awaits. One thread also means calls of one store object run one after another.
 
-``append`` is one ``BEGIN IMMEDIATE`` transaction: it takes SQLite's write lock *before* reading,
-so the duplicate check (``input_id`` recorded?) and the sequence check (is the pool's last
-``seq`` still ``expected_seq``?) cannot be overtaken by another connection to the same file before
-the insert. ``PRIMARY KEY (pool, seq)`` and ``UNIQUE (input_id)`` back the checks up.
+``append`` (and ``append_many``, for a batch) is one ``BEGIN IMMEDIATE`` transaction: it takes
+SQLite's write lock *before* reading, so the duplicate check (``input_id`` recorded?) and the sequence
+check (is the pool's last ``seq`` still ``expected_seq``?) cannot be overtaken by another connection
+to the same file before the insert. ``PRIMARY KEY (pool, seq)`` and ``UNIQUE (input_id)`` back the checks up.
 
 Each row of ``inputs`` holds one input and the events decided for it (JSON), so reading the log is
 one indexed range scan per page. The file runs in WAL mode with ``synchronous=NORMAL``: a commit
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuquota.adapters.event_store import (
+    BatchEntry,
     DuplicateInput,
     Entry,
     EventStoreError,
@@ -37,6 +38,7 @@ from gpuquota.adapters.event_store import (
     Snapshot,
     StaleWriter,
     TransientStoreError,
+    first_repeated,
 )
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
 from gpuquota.wire.events import SchedulerEvent
@@ -113,12 +115,23 @@ class SqliteEventStore:
         input_id = message.event_id
         return await self._call(lambda conn: _append(conn, pool, expected_seq, input_id, row, position))
 
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """Several inputs in one transaction (``BatchAppend``): one commit and one thread hop for all."""
+    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
+        """Several inputs in one transaction: one commit and one thread hop for all."""
+        if not entries:
+            return expected_seq
         rows = [
-            (message.event_id, encode_input(message), encode_events(events)) for message, events in entries
+            (message.event_id, encode_input(message), encode_events(events), position)
+            for message, events, position in entries
         ]
-        return await self._call(lambda conn: _append_batch(conn, pool, expected_seq, rows))
+        return await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
+
+    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
+        """``append_many`` without positions (``BatchAppend``)."""
+        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
+
+    async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
+        ids = list(input_ids)
+        return await self._call(lambda conn: _recorded(conn, ids))
 
     async def last_seq(self, pool: str) -> int:
         return await self._call(lambda conn: _last_seq(conn, pool))
@@ -204,15 +217,10 @@ def _append(
         last = _last_seq(conn, pool)
         if last != expected_seq:
             raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
-        source = (
-            (None, None, None)
-            if position is None
-            else (position.topic, position.partition, position.next_offset - 1)
-        )
         conn.execute(
             "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
             " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (pool, expected_seq + 1, input_id, *source, *row),
+            (pool, expected_seq + 1, input_id, *_source(position), *row),
         )
         if position is not None:
             conn.execute(
@@ -227,32 +235,60 @@ def _append(
     return expected_seq + 1
 
 
-def _append_batch(
-    conn: sqlite3.Connection, pool: str, expected_seq: int, rows: list[tuple[str, str, str]]
+def _recorded(conn: sqlite3.Connection, input_ids: list[str]) -> set[str]:
+    found: set[str] = set()
+    for start in range(0, len(input_ids), 500):  # SQLite's limit on host parameters is 999 before 3.32
+        chunk = input_ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(f"SELECT input_id FROM inputs WHERE input_id IN ({marks})", chunk).fetchall()
+        found.update(input_id for (input_id,) in rows)
+    return found
+
+
+def _append_many(
+    conn: sqlite3.Connection,
+    pool: str,
+    expected_seq: int,
+    rows: list[tuple[str, str, str, Position | None]],
 ) -> int:
     conn.execute("BEGIN IMMEDIATE")
     try:
         ids = [row[0] for row in rows]
-        if len(set(ids)) != len(ids):
-            raise DuplicateInput(next(i for i in ids if ids.count(i) > 1))
-        for start in range(0, len(ids), 500):  # SQLite's limit on host parameters is 999 before 3.32
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            found = conn.execute(f"SELECT input_id FROM inputs WHERE input_id IN ({marks})", chunk).fetchone()
-            if found:
-                raise DuplicateInput(found[0])
+        repeated = first_repeated(ids)
+        if repeated is not None:
+            raise DuplicateInput(repeated)
+        found = _recorded(conn, ids)
+        if found:
+            raise DuplicateInput(next(i for i in ids if i in found))
         last = _last_seq(conn, pool)
         if last != expected_seq:
             raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
         conn.executemany(
-            "INSERT INTO inputs (pool, seq, input_id, data, events) VALUES (?, ?, ?, ?, ?)",
-            [(pool, expected_seq + i, *row) for i, row in enumerate(rows, start=1)],
+            "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
+            " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (pool, expected_seq + n, input_id, *_source(position), data, events)
+                for n, (input_id, data, events, position) in enumerate(rows, start=1)
+            ],
+        )
+        positions = {(p.topic, p.partition): p.next_offset for *_, p in rows if p is not None}
+        conn.executemany(
+            "INSERT INTO consumer_positions (pool, topic, partition, next_offset) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
+            [(pool, topic, partition, offset) for (topic, partition), offset in positions.items()],
         )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     return expected_seq + len(rows)
+
+
+def _source(position: Position | None) -> tuple[str | None, int | None, int | None]:
+    """The ``source_*`` columns: where the input was read (the position is the offset after it)."""
+    if position is None:
+        return (None, None, None)
+    return (position.topic, position.partition, position.next_offset - 1)
 
 
 def _read(conn: sqlite3.Connection, pool: str, after_seq: int, limit: int) -> list[Record]:
