@@ -5,17 +5,23 @@ directory), one local node agent with the ``simulated`` runtime offering ``ml.g5
 the worked example (scheduling policy, service environment g5 x 3, job queue ``jq``, quota shares QS1
 LEND_AND_BORROW 200 % with in-share preemption, QS2 LEND, QS3 RESERVE, one instance each), made with boto3.
 
-Load: ``--clients`` concurrent closed-loop clients in this process. ``--client aiohttp`` (default): one
-asyncio ``aiohttp`` session sending exactly what botocore sends (``POST /v1/submitservicejob`` and
-``/v1/describeservicejob``, JSON bodies) without signatures, since authentication is off; it is much
-cheaper per request than boto3, so the client does not eat the server's CPU. ``--client boto3``: a thread
-pool of unmodified boto3 clients (signed requests; client-bound on a small machine). Phase 1 submits jobs
-(names, priorities 0-9, the three shares in turn; simulated attempts last 1 s) for ``--seconds``; phase 2
-describes random submitted jobs for ``--seconds``. Each phase is preceded by ``--warmup`` seconds that are
-not measured. Latency is per request, from sending to the whole response. ``server_cpu_ms_per_request``
-is the server process's CPU time (user + system, all threads) divided by the requests of the phase.
+Load: ``--clients`` concurrent closed-loop clients in this process, each on its own keep-alive connection.
+They send exactly what botocore sends (``POST /v1/submitservicejob`` and ``/v1/describeservicejob``, JSON
+bodies), without signatures since authentication is off. ``--client raw`` (default): HTTP/1.1 written and
+read by hand on asyncio streams, the cheapest client, so that on a small machine the client leaves the
+server as much CPU as possible. ``--client aiohttp``: an ``aiohttp`` client session. ``--client boto3``: a
+thread pool of unmodified boto3 clients (signed requests; client-bound on a small machine).
 
-``--profile FILE`` runs the server under ``cProfile`` and writes its stats to FILE when it stops.
+Phase 1 submits jobs (names, priorities 0-9, the three shares in turn; simulated attempts last 1 s) for
+``--seconds``; phase 2 describes random submitted jobs for ``--seconds``. Each phase is preceded by
+``--warmup`` seconds that are not measured. Latency is per request, from sending to the whole response.
+``*_server_cpu_ms_per_request`` is the server process's CPU time (user + system, all threads) divided by
+the requests of the phase, ``*_client_cpu_ms_per_request`` the same for this process.
+
+``--baseline``: the same clients against a bare ``aiohttp`` server answering a fixed JSON body (no
+gateway, no scheduler): what the machine allows at that moment, for reading the numbers on a busy box.
+``--store memory`` keeps the server's event log in memory (diagnosis); ``--profile FILE`` runs the
+server under ``cProfile`` and writes its stats to FILE when it stops.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +42,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 QUEUE = "jq"
 SHARES = ("QS1", "QS2", "QS3")
@@ -50,6 +58,16 @@ PAYLOAD = json.dumps(
         "Environment": {"GPUQUOTA_SIM_DURATION_SECONDS": "1"},
     }
 )
+BASELINE_BODY = json.dumps(
+    {
+        "jobArn": f"arn:aws:batch:us-east-1:000000000000:service-job/{'0' * 36}",
+        "jobName": "j",
+        "jobId": "0" * 36,
+    }
+)
+
+One = Callable[[], Awaitable[tuple[bool, float]]]
+"""One request of a client: (answered 200, latency in seconds)."""
 
 
 @dataclass
@@ -58,6 +76,7 @@ class Phase:
     errors: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    client_cpu_seconds: float = 0.0
 
     def summary(self, name: str) -> dict[str, float | int]:
         ordered = sorted(self.latencies)
@@ -66,6 +85,9 @@ class Phase:
         def pct(p: float) -> float:
             return round(ordered[min(n - 1, int(p * n))] * 1000, 2) if n else 0.0
 
+        def per_request(seconds: float) -> float:
+            return round(seconds * 1000 / n, 3) if n else 0.0
+
         return {
             f"{name}s": n,
             f"{name}s_per_s": round(n / self.seconds, 1) if self.seconds else 0.0,
@@ -73,30 +95,24 @@ class Phase:
             f"{name}_p99_ms": pct(0.99),
             f"{name}_max_ms": round(ordered[-1] * 1000, 2) if n else 0.0,
             f"{name}_errors": self.errors,
-            f"{name}_server_cpu_ms_per_request": round(self.cpu_seconds * 1000 / n, 3) if n else 0.0,
+            f"{name}_server_cpu_ms_per_request": per_request(self.cpu_seconds),
+            f"{name}_client_cpu_ms_per_request": per_request(self.client_cpu_seconds),
         }
 
 
 class Server:
-    """``gpuquota up`` (embedded, simulated runtime) in a child process."""
+    """The server in a child process: ``gpuquota up``, or this module's ``--serve-*`` modes."""
 
-    def __init__(self, data_dir: str | None, profile: str | None) -> None:
-        command = [sys.executable]
-        if profile:
-            command += ["-m", "cProfile", "-o", profile]
-        if data_dir is None:  # the event log in memory: what the gateway and shell cost without SQLite
-            command += ["-m", "benchmarks.gateway", "--serve-in-memory"]
-        else:
-            command += ["-m", "gpuquota.cli", "up", "--port", "0", "--data-dir", data_dir]
-            command += ["--runtime", "simulated", "--nodes", f"{UNIT}=3"]
+    def __init__(self, command: list[str], profile: str | None) -> None:
+        prefix = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
         env = {**os.environ, "GPUQUOTA_LOG_LEVEL": "WARNING"}
         env.pop("GPUQUOTA_AUTH_KEYS", None)
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen(prefix + command, stdout=subprocess.PIPE, text=True, env=env)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # blocks until the ready line (or EOF if it failed)
         if not line.startswith("gpuquota ready on "):
             self.process.kill()
-            raise SystemExit(f"gpuquota up did not start: {line!r}")
+            raise SystemExit(f"the server did not start: {line!r}")
         self.url = line.split()[-1]
 
     def cpu_seconds(self) -> float:
@@ -177,49 +193,82 @@ class Workload:
         with self.lock:
             return {"jobId": self.rng.choice(self.job_ids)}
 
+    def body(self, operation: str) -> Callable[[], dict[str, Any]]:
+        return self.submit_body if operation == "submitservicejob" else self.describe_body
 
-# ----- aiohttp client ---------------------------------------------------------------------------
+    def answered(self, operation: str, data: bytes) -> None:
+        if operation == "submitservicejob":
+            self.job_ids.append(json.loads(data)["jobId"])
 
 
-async def aiohttp_phase(
-    url: str, operation: str, clients: int, warmup: float, seconds: float, workload: Workload, server: Server
-) -> Phase:
-    import aiohttp
+# ----- asyncio clients: raw HTTP/1.1 or aiohttp -------------------------------------------------
 
-    body = workload.submit_body if operation == "submitservicejob" else workload.describe_body
-    phase = Phase()
-    headers = {"Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(url, connector=connector, headers=headers) as session:
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
+
+
+async def raw_clients(url: str, operation: str, workload: Workload, clients: int) -> list[One]:
+    """One keep-alive connection per client; requests and responses handled by hand."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    body = workload.body(operation)
+    head = f"POST /v1/{operation} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+
+    async def client() -> One:
+        reader, writer = await asyncio.open_connection(host, port)
 
         async def one() -> tuple[bool, float]:
+            data = json.dumps(body()).encode()
             started = time.perf_counter()
-            async with session.post(f"/v1/{operation}", data=json.dumps(body())) as response:
-                data = await response.read()
+            writer.write(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            response = await reader.readuntil(b"\r\n\r\n")
+            length = _LENGTH.search(response)
+            answer = await reader.readexactly(int(length[1])) if length else b""
+            latency = time.perf_counter() - started
+            ok = response.startswith(b"HTTP/1.1 200")
+            if ok:
+                workload.answered(operation, answer)
+            return ok, latency
+
+        return one
+
+    return [await client() for _ in range(clients)]
+
+
+async def asyncio_phase(
+    args: argparse.Namespace, operation: str, workload: Workload, server: Server
+) -> Phase:
+    if args.client == "raw":
+        clients = await raw_clients(server.url, operation, workload, args.clients)
+        return await _closed_loop(clients, args.warmup, args.seconds, server)
+    import aiohttp
+
+    body = workload.body(operation)
+    connector = aiohttp.TCPConnector(limit=args.clients)
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(server.url, connector=connector, headers=headers) as session:
+
+        async def one() -> tuple[bool, float]:
+            data = json.dumps(body())
+            started = time.perf_counter()
+            async with session.post(f"/v1/{operation}", data=data) as response:
+                answer = await response.read()
                 ok = response.status == 200
-            if ok and operation == "submitservicejob":
-                workload.job_ids.append(json.loads(data)["jobId"])
-            return ok, time.perf_counter() - started
+            latency = time.perf_counter() - started
+            if ok:
+                workload.answered(operation, answer)
+            return ok, latency
 
-        await _closed_loop(one, clients, warmup, seconds, phase, server)
-    return phase
+        return await _closed_loop([one] * args.clients, args.warmup, args.seconds, server)
 
 
-async def _closed_loop(
-    one: Callable[[], Awaitable[tuple[bool, float]]],
-    clients: int,
-    warmup: float,
-    seconds: float,
-    phase: Phase,
-    server: Server,
-) -> None:
+async def _closed_loop(clients: list[One], warmup: float, seconds: float, server: Server) -> Phase:
     loop = asyncio.get_running_loop()
-    start = loop.time()
-    measure_from = start + warmup
+    phase = Phase()
+    measure_from = loop.time() + warmup
     until = measure_from + seconds
-    cpu_before: list[float] = []
+    before: list[float] = []
 
-    async def worker() -> None:
+    async def worker(one: One) -> None:
         while (now := loop.time()) < until:
             ok, latency = await one()
             if now < measure_from:
@@ -229,29 +278,29 @@ async def _closed_loop(
             else:
                 phase.errors += 1
 
-    def mark() -> None:
-        cpu_before.append(server.cpu_seconds())
-
-    loop.call_at(measure_from, mark)
-    await asyncio.gather(*(worker() for _ in range(clients)))
+    loop.call_at(measure_from, lambda: before.extend((server.cpu_seconds(), time.process_time())))
+    await asyncio.gather(*(worker(one) for one in clients))
     phase.seconds = loop.time() - measure_from
-    phase.cpu_seconds = server.cpu_seconds() - cpu_before[0]
+    phase.cpu_seconds = server.cpu_seconds() - before[0]
+    phase.client_cpu_seconds = time.process_time() - before[1]
+    return phase
 
 
 # ----- boto3 client -----------------------------------------------------------------------------
 
 
-def boto3_phase(
-    url: str, operation: str, clients: int, warmup: float, seconds: float, workload: Workload, server: Server
-) -> Phase:
+def boto3_phase(args: argparse.Namespace, operation: str, workload: Workload, server: Server) -> Phase:
     import boto3
     from botocore.exceptions import ClientError
 
     session = boto3.session.Session(aws_access_key_id="x", aws_secret_access_key="y")
-    batch = [session.client("batch", endpoint_url=url, region_name="us-east-1") for _ in range(clients)]
+    batch = [
+        session.client("batch", endpoint_url=server.url, region_name="us-east-1") for _ in range(args.clients)
+    ]
+    body = workload.body(operation)
     phase = Phase()
-    measure_from = time.monotonic() + warmup
-    until = measure_from + seconds
+    measure_from = time.monotonic() + args.warmup
+    until = measure_from + args.seconds
     lock = threading.Lock()
 
     def worker(index: int) -> None:
@@ -261,10 +310,9 @@ def boto3_phase(
             ok = True
             try:
                 if operation == "submitservicejob":
-                    job_id = client.submit_service_job(**workload.submit_body())["jobId"]
-                    workload.job_ids.append(job_id)
+                    workload.job_ids.append(client.submit_service_job(**body())["jobId"])
                 else:
-                    client.describe_service_job(**workload.describe_body())
+                    client.describe_service_job(**body())
             except ClientError:
                 ok = False
             latency = time.perf_counter() - started
@@ -275,53 +323,88 @@ def boto3_phase(
                     else:
                         phase.errors += 1
 
-    cpu: list[float] = []
-    timer = threading.Timer(measure_from - time.monotonic(), lambda: cpu.append(server.cpu_seconds()))
+    before: list[float] = []
+    timer = threading.Timer(
+        measure_from - time.monotonic(), lambda: before.extend((server.cpu_seconds(), time.process_time()))
+    )
     timer.start()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(worker, range(clients)))
+    with ThreadPoolExecutor(args.clients) as pool:
+        list(pool.map(worker, range(args.clients)))
     timer.join()
     phase.seconds = time.monotonic() - measure_from
-    phase.cpu_seconds = server.cpu_seconds() - cpu[0]
+    phase.cpu_seconds = server.cpu_seconds() - before[0]
+    phase.client_cpu_seconds = time.process_time() - before[1]
     for client in batch:
         client.close()
     return phase
 
 
-# ----- main -------------------------------------------------------------------------------------
+# ----- servers ----------------------------------------------------------------------------------
 
 
-def serve_in_memory() -> int:
-    """``gpuquota up`` with the in-memory event store (``--store memory``)."""
+def serve_mode(mode: str) -> int:
+    """``--serve-in-memory``: ``gpuquota up`` with the in-memory event store; ``--serve-baseline``: a bare
+    aiohttp server answering every POST with a fixed JSON body."""
+    from aiohttp import web
+
     from gpuquota.distributed import serve
     from gpuquota.embedded import EmbeddedStack
 
-    stack = EmbeddedStack(None, port=0, nodes=f"{UNIT}=3", runtime="simulated")
-    return asyncio.run(serve(stack.start, stack.stop, lambda: f"gpuquota ready on {stack.url}"))
+    if mode == "memory":
+        stack = EmbeddedStack(None, port=0, nodes=f"{UNIT}=3", runtime="simulated")
+        return asyncio.run(serve(stack.start, stack.stop, lambda: f"gpuquota ready on {stack.url}"))
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=BASELINE_BODY.encode(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/{operation}", answer)
+    runner = web.AppRunner(app, access_log=None)
+
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+
+    url = lambda: f"gpuquota ready on http://127.0.0.1:{runner.addresses[0][1]}"  # noqa: E731
+    return asyncio.run(serve(start, runner.cleanup, url))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpuquota-bench-") as data_dir:
-        server = Server(data_dir if args.store == "sqlite" else None, args.profile)
+        if args.baseline:
+            command = ["-m", "benchmarks.gateway", "--serve", "baseline"]
+        elif args.store == "memory":
+            command = ["-m", "benchmarks.gateway", "--serve", "memory"]
+        else:
+            command = ["-m", "gpuquota.cli", "up", "--port", "0", "--data-dir", data_dir]
+            command += ["--runtime", "simulated", "--nodes", f"{UNIT}=3"]
+        server = Server(command, args.profile)
+        workload = Workload(args.seed)
+        phases: dict[str, Phase] = {}
         try:
-            setup(server.url)
-            workload = Workload(args.seed)
-            phases: dict[str, Phase] = {}
+            if not args.baseline:
+                setup(server.url)
             for name, operation in (("submit", "submitservicejob"), ("describe", "describeservicejob")):
-                common = (server.url, operation, args.clients, args.warmup, args.seconds, workload, server)
-                if args.client == "aiohttp":
-                    phases[name] = asyncio.run(aiohttp_phase(*common))
+                if args.baseline:
+                    workload.job_ids.append("x")
+                if args.client == "boto3":
+                    phases[name] = boto3_phase(args, operation, workload, server)
                 else:
-                    phases[name] = boto3_phase(*common)
+                    phases[name] = asyncio.run(asyncio_phase(args, operation, workload, server))
         finally:
             server.stop()
+    clients = {"raw": "raw HTTP/1.1 on asyncio streams", "aiohttp": "aiohttp", "boto3": "boto3 thread pool"}
+    signed = ", signed" if args.client == "boto3" else ", unsigned"
     result: dict[str, Any] = {
-        "mode": f"embedded ({args.store} event log, simulated runtime, ml.g5.xlarge x 3, shares QS1-QS3)",
-        "client": "aiohttp, unsigned" if args.client == "aiohttp" else "boto3 thread pool, signed",
+        "server": "bare aiohttp (baseline)"
+        if args.baseline
+        else f"gpuquota up: embedded, {args.store} event log, simulated runtime, ml.g5.xlarge x 3, QS1-QS3",
+        "client": clients[args.client] + signed,
         "clients": args.clients,
         "seconds": args.seconds,
         "cpus": os.cpu_count(),
-        "jobs_submitted": len(workload.job_ids),
+        "load_average_1m": os.getloadavg()[0],
     }
     result.update(phases["submit"].summary("submit"))
     result.update(phases["describe"].summary("describe"))
@@ -333,17 +416,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each phase")
     parser.add_argument("--clients", type=int, default=16, help="concurrent closed-loop clients")
-    parser.add_argument("--client", choices=("aiohttp", "boto3"), default="aiohttp")
+    parser.add_argument("--client", choices=("raw", "aiohttp", "boto3"), default="raw")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--profile", metavar="FILE", help="run the server under cProfile, stats to FILE")
     parser.add_argument(
-        "--store", choices=("sqlite", "memory"), default="sqlite", help="the server's event log (diagnosis)"
+        "--store", choices=("sqlite", "memory"), default="sqlite", help="the server's event log"
     )
+    parser.add_argument("--baseline", action="store_true", help="a bare aiohttp server instead of gpuquota")
+    parser.add_argument("--profile", metavar="FILE", help="run the server under cProfile, stats to FILE")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--serve-in-memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("memory", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_in_memory:
-        return serve_in_memory()
+    if args.serve:
+        return serve_mode(args.serve)
     result = run(args)
     if args.json:
         print(json.dumps(result))

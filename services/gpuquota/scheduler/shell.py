@@ -18,7 +18,7 @@ commands and answers the callers, in order. While a batch is being written the n
 burst of requests costs one commit (and one hop to the store's thread) instead of one each. If the
 append fails the state is ahead of the log: the shell rebuilds it from the log and handles the batch's
 inputs one at a time as above, so a duplicate or a store error affects only its own input.
-``group_commit=False`` (or a store without ``append_batch``, like PostgreSQL's) means one input per append.
+``group_commit=False`` (or a store without ``append_batch``) means one input per append.
 
 ``recover()`` rebuilds the state and the read model by folding the whole log of the pool. A tick task
 feeds ``Tick`` (time passing: heartbeat expiry, timeouts, time limits) every ``tick_seconds``. Ticks and
