@@ -2,8 +2,11 @@
 
 Everything it sends goes through an ordered outbox: an input whose ``send`` raises stays at the head
 and is re-sent (with back-off) before anything later, so reports arrive in order and none is lost
-while the agent runs (the scheduler treats reports idempotently). Heartbeats bypass the outbox and
-are dropped when they cannot be sent.
+while the agent runs (the scheduler treats reports idempotently). Heartbeats bypass the outbox: they
+are sent on time even while the outbox is busy (a node reporting a stream of short attempts must not
+look dead to the scheduler, which counts only heartbeats), but not before the ``RegisterNode`` went
+out, not after the ``DeregisterNode``, and not while the outbox is retrying a failed send (the link
+is down: they are dropped).
 
 Restart: running attempts are recorded in ``work_dir/state.json`` (attempt, pid, pgid, process start
 time). A new agent for the same node adopts the process groups still alive: it reports them RUNNING
@@ -108,6 +111,10 @@ class NodeAgent:
         self._outbox: deque[SchedulerInput] = deque()
         self._wake = asyncio.Event()
         self._sending = False
+        self._registered = False
+        """The RegisterNode was sent and no DeregisterNode yet: heartbeats may go out."""
+        self._link_down = False
+        """The outbox's last send failed; cleared by the next one that succeeds."""
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.send_failures = 0
@@ -128,6 +135,7 @@ class NodeAgent:
         if self._started:
             return
         self._started = True
+        self._registered = False
         for sub in ("logs", "checkpoints"):
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
         self._emit(RegisterNode(**self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots))
@@ -454,20 +462,24 @@ class NodeAgent:
                     raise
                 except Exception as exc:
                     self.send_failures += 1
+                    self._link_down = True
                     log.warning("send failed (%s); retrying in %.2f s", exc, delay)
                     await asyncio.sleep(delay)  # back-off before the retry
                     delay = min(delay * 2, self._max_retry)
                     continue
                 finally:
                     self._sending = False
-                self._outbox.popleft()
+                sent = self._outbox.popleft()
+                self._link_down = False
+                if isinstance(sent, RegisterNode | DeregisterNode):
+                    self._registered = isinstance(sent, RegisterNode)
                 delay = self._retry
 
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_seconds)  # the heartbeat period
-            if self._outbox:
-                continue  # the link is down or busy; the outbox is retrying
+            if not self._registered or self._link_down:
+                continue  # not registered yet (or any more), or the outbox is retrying a failed send
             try:
                 await self._send(NodeHeartbeat(**self._meta(), node_id=self.node_id))
             except asyncio.CancelledError:
