@@ -2,9 +2,9 @@
 
 * ``Jobs``: payloads of the training job ``trainer.py`` and what its attempts wrote to ``out``;
   ``kill_all()`` is the safety net that leaves no job process behind, whatever the test did.
-* ``Cluster`` (distributed mode): the gateway and the scheduler in this process (``DistributedStack``
-  without local agents) and each node agent as its own OS process, ``gpuquota node-agent``, over
-  Kafka, so a test can ``kill -9`` one.
+* ``Cluster`` (distributed mode): ``gpuquota scheduler`` and each node agent (``gpuquota node-agent``)
+  as OS processes over Kafka and PostgreSQL, so a test can ``kill -9`` an agent; the gateway runs in
+  this process.
 * ``log_events``: the scheduler's log of a pool, from PostgreSQL or SQLite.
 """
 
@@ -28,7 +28,7 @@ import pytest_asyncio
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
-from gpuquota.distributed import DistributedStack
+from gpuquota.distributed import GatewayService
 from gpuquota.node_agent import procs
 from gpuquota.wire.events import SchedulerEvent
 from tests.pipeline.services import ServiceProcess
@@ -170,9 +170,11 @@ async def log_events(store: EventStore, pool: str) -> list[SchedulerEvent]:
 
 
 class Cluster:
-    """Gateway and scheduler in this process; ``gpuquota node-agent`` processes started by ``agent``.
+    """``gpuquota scheduler`` and ``gpuquota node-agent`` processes (``agent``) configured by their
+    flags and ``GPUQUOTA_*`` variables, and the gateway in this process (its read model is the test's
+    view of the scheduler's log).
 
-    ``heartbeat_seconds`` is the agents' heartbeat period and the scheduler's setting of the same name:
+    ``heartbeat_seconds`` is the agents' heartbeat period and the scheduler's ``GPUQUOTA_HEARTBEAT_SECONDS``:
     the scheduler declares a node lost after 6 periods without a heartbeat.
     """
 
@@ -187,15 +189,17 @@ class Cluster:
         self.root = root
         self.heartbeat_seconds = heartbeat_seconds
         self.grace = grace
-        self.stack = DistributedStack(
-            kafka,
-            database_url,
-            port=0,
-            data_dir=root / "scheduler",
-            topics=self.topics,
-            pool=self.pool,
-            heartbeat_seconds=heartbeat_seconds,
-        )
+        self.gateway = GatewayService(kafka, database_url, topics=self.topics, pool=self.pool, port=0)
+        env = {
+            "GPUQUOTA_KAFKA": kafka,
+            "GPUQUOTA_DATABASE_URL": database_url,
+            "GPUQUOTA_TOPIC_PREFIX": self.topics.prefix,
+            "GPUQUOTA_POOL": self.pool,
+            "GPUQUOTA_HEARTBEAT_SECONDS": str(heartbeat_seconds),
+            "GPUQUOTA_TICK_SECONDS": "0.5",
+            "GPUQUOTA_DATA_DIR": str(root / "scheduler"),
+        }
+        self.scheduler = ServiceProcess("scheduler", env, root / "scheduler.log")
         self.agents: list[ServiceProcess] = []
         self.batch: Any = None
 
@@ -208,11 +212,11 @@ class Cluster:
 
     async def start(self) -> None:
         await ensure_topics(self.kafka, self.topics, partitions=2)
-        await self.stack.start()
-        self.batch = batch_client(self.stack.url)
+        await asyncio.gather(self.scheduler.start(), self.gateway.start())
+        self.batch = batch_client(self.gateway.url)
 
     def agent(self, node_id: str, slots: str, log_name: str | None = None) -> ServiceProcess:
-        """A ``gpuquota node-agent`` process for ``node_id`` (not started), configured by flags."""
+        """A ``gpuquota node-agent`` process for ``node_id`` (not started yet)."""
         args = [
             "--kafka", self.kafka, "--node-id", node_id, "--pool", self.pool, "--slots", slots,
             "--runtime", "process", "--work-dir", str(self.work_dir(node_id)),
@@ -225,17 +229,16 @@ class Cluster:
 
     def online(self) -> set[str]:
         """Nodes the scheduler's log says are online (the gateway's projection of it)."""
-        projector = self.stack.gateway.projector
+        projector = self.gateway.projector
         assert projector is not None
         return {n.node_id for n in projector.state.nodes.values() if n.online}
 
     async def events(self) -> list[SchedulerEvent]:
-        store = self.stack.gateway.store
-        assert store is not None
-        return await log_events(store, self.pool)
+        assert self.gateway.store is not None
+        return await log_events(self.gateway.store, self.pool)
 
     def logs(self) -> str:
-        return "\n".join(f"----- {a.log_path.name}\n{a.tail()}" for a in self.agents)
+        return "\n".join(f"----- {p.log_path.name}\n{p.tail()}" for p in [self.scheduler, *self.agents])
 
     async def stop(self) -> None:
         for agent in self.agents:
@@ -243,16 +246,22 @@ class Cluster:
                 await agent.stop(timeout=10)
         if self.batch is not None:
             self.batch.close()
-        await self.stack.stop()
+        await self.gateway.stop()
+        if self.scheduler.proc is not None:
+            await self.scheduler.stop(timeout=20)
         nodes = self.root / "nodes"
         for work_dir in nodes.iterdir() if nodes.is_dir() else ():
             kill_recorded(work_dir)  # stopped agents leave their job processes running (for adoption)
 
 
+ClusterFactory = Callable[..., Awaitable[Cluster]]
+
+
 @pytest_asyncio.fixture
 async def cluster_factory(
     kafka_bootstrap: str, database_url: str, tmp_path: Path
-) -> AsyncIterator[Callable[..., Awaitable[Cluster]]]:
+) -> AsyncIterator[ClusterFactory]:
+    """``await cluster_factory(heartbeat_seconds)``: a started ``Cluster``, stopped after the test."""
     made: list[Cluster] = []
 
     async def start(heartbeat_seconds: float, grace: float = 5.0) -> Cluster:
