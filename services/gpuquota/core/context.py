@@ -7,6 +7,7 @@ heads whose unit changed: a freed slot of ``ml.g5.xlarge`` cannot let an ``ml.p4
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from gpuquota.core.evolve import evolve
@@ -16,6 +17,8 @@ from gpuquota.wire.base import JobStatus, Message
 from gpuquota.wire.events import SchedulerEvent
 
 E = TypeVar("E", bound=Message)
+EventHook = Callable[[ClusterState, SchedulerEvent], None]
+"""Called with each event just before it is applied (``step``): the state it changes, as it was."""
 
 _RESOURCE_EVENTS = (
     ev.SchedulingPolicyChanged,
@@ -25,12 +28,32 @@ _RESOURCE_EVENTS = (
 )
 
 
+_DEFAULTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _defaults(event_type: type[Any]) -> dict[str, Any]:
+    """The event type's plain default values (immutable here), so ``model_construct`` need not copy
+    them for every event: pydantic deep-copies defaults it fills in itself, enums included."""
+    defaults = _DEFAULTS.get(event_type)
+    if defaults is None:
+        defaults = {
+            name: field.default
+            for name, field in event_type.model_fields.items()
+            if field.default_factory is None
+            and not field.is_required()
+            and name not in ("event_id", "occurred_at")
+        }
+        _DEFAULTS[event_type] = defaults
+    return defaults
+
+
 class Context:
     """Collects the events of one input, applying each as it is emitted so later choices see it."""
 
-    __slots__ = ("dirty", "events", "input_id", "now", "state")
+    __slots__ = ("before", "dirty", "events", "input_id", "now", "state")
 
-    def __init__(self, state: ClusterState, input_id: str, now: int) -> None:
+    def __init__(self, state: ClusterState, input_id: str, now: int, before: EventHook | None = None) -> None:
+        self.before = before
         self.state = state
         self.input_id = input_id
         self.now = now
@@ -45,13 +68,17 @@ class Context:
         event = cast(
             E,
             event_type.model_construct(
-                event_id=f"{self.input_id}/{len(self.events)}", occurred_at=self.now, **fields
+                event_id=f"{self.input_id}/{len(self.events)}",
+                occurred_at=self.now,
+                **{**_defaults(event_type), **fields},
             ),
         )
         recorded = cast(SchedulerEvent, event)
         key = self._touch(recorded)
         share = self.state.shares.get(key) if key is not None else None
         head_before = None if share is None or share.head_since is None else share.head_since[0]
+        if self.before is not None:
+            self.before(self.state, recorded)
         evolve(self.state, recorded)
         if share is not None and self.dirty is not None:
             head = self.state.head(share)
