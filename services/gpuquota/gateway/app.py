@@ -216,10 +216,19 @@ class Gateway:
         if (qsp := p.obj("quotaSharePolicy")) is not None:
             qsp.enum("idleResourceAssignmentStrategy", ("FIFO",), required=True)
 
+    def _pool_of(self, tags: dict[str, str]) -> str:
+        """S1: a service environment draws on the pool named by its ``gpuquota:pool`` tag."""
+        pool = tags.get(POOL_TAG, self.pool)
+        if pool != self.pool:
+            raise ClientException(
+                f"This gateway serves pool {self.pool}; tag {POOL_TAG}={pool} needs a gateway of that pool"
+            )
+        return pool
+
     async def op_CreateSchedulingPolicy(self, p: Params) -> dict[str, Any]:
         name = p.req_name("name")
         self._policy_kind(p)
-        spec = SchedulingPolicySpec(name=name, tags=p.tags() or {})
+        spec = policy_with_extensions(SchedulingPolicySpec(name=name, tags=p.tags() or {}))
         if name in self.rm.policies:
             raise ClientException("Object already exists")
         message = self.make(inp.CreateSchedulingPolicy, spec=spec)
@@ -284,8 +293,9 @@ class Gateway:
         p.enum("serviceEnvironmentType", ("SAGEMAKER_TRAINING",), required=True)
         state = _state(p.enum("state", STATES), State.ENABLED)
         limits = self._capacity_limits(p, "capacityLimits", required=True) or ()
+        tags = p.tags() or {}
         spec = ServiceEnvironmentSpec(
-            name=name, state=state, capacity_limits=limits, pool=self.pool, tags=p.tags() or {}
+            name=name, state=state, capacity_limits=limits, pool=self._pool_of(tags), tags=tags
         )
         if name in self.rm.environments:
             raise ClientException("Object already exists")
@@ -772,7 +782,10 @@ class Gateway:
             return
         view: ResourceView[Any] = target
         spec = view.spec.model_copy(update={"tags": check_tags(change(dict(view.spec.tags)))})
+        if kind == "service-environment":
+            self._pool_of(spec.tags)
         if kind == "scheduling-policy":
+            spec = policy_with_extensions(spec)
             await self._write_resource(
                 self.rm.policies,
                 spec.name,
@@ -1033,3 +1046,16 @@ async def _errors(
 
 async def _health(_: web.Request) -> web.Response:
     return _json({"status": "ok"})
+
+
+POOL_TAG = "gpuquota:pool"
+BACKFILL_TAG = "gpuquota:backfill"
+
+
+def policy_with_extensions(spec: SchedulingPolicySpec) -> SchedulingPolicySpec:
+    """gpuquota's extensions of a scheduling policy travel as tags the AWS API already carries:
+    ``gpuquota:backfill=true`` turns on backfill (semantics S3.2)."""
+    value = spec.tags.get(BACKFILL_TAG, "false").lower()
+    if value not in ("true", "false"):
+        raise ClientException(f"Tag {BACKFILL_TAG} must be true or false, not {spec.tags[BACKFILL_TAG]!r}")
+    return spec.model_copy(update={"backfill": value == "true"})
