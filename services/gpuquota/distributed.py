@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class GatewayService:
-    """The HTTP gateway of one pool in distributed mode; ``url`` once started."""
+    """The HTTP gateway of one pool in distributed mode; ``url`` and ``gateway`` once started."""
 
     def __init__(
         self,
@@ -68,6 +68,7 @@ class GatewayService:
         self._own_store = store is None
         self.projector: LogProjector | None = None
         self.producer: InputProducer | None = None
+        self.gateway: Gateway | None = None
         self._runner: web.AppRunner | None = None
         self._tail: asyncio.Task[None] | None = None
 
@@ -87,7 +88,7 @@ class GatewayService:
         self.producer = InputProducer(self.kafka, self.topics, client_id="gpuquota-gateway")
         await self.producer.start()
         port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
-        gateway = Gateway(
+        gateway = self.gateway = Gateway(
             self.read_model,
             port,
             pool=self.pool,

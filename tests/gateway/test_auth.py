@@ -30,7 +30,7 @@ from gpuquota.gateway.auth import (
     canonical_uri,
     verify,
 )
-from tests.gateway.conftest import StackThread
+from tests.gateway.conftest import Stack, start_stack
 from tests.gateway.helpers import QUEUE_ARN, payload, share_arn, submit, worked_example
 
 KEYS: list[dict[str, Any]] = [
@@ -42,8 +42,8 @@ NO_RETRY = Config(retries={"max_attempts": 1, "mode": "standard"})
 
 
 @pytest.fixture(scope="module")
-def secured() -> Iterator[StackThread]:
-    s = StackThread(auth=Keyring.from_data(KEYS))
+def secured(mode: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    s = start_stack(mode, request, auth=Keyring.from_data(KEYS))
     s.client.close()
     s.client = client(s, "ADMIN", "admin-secret")
     try:
@@ -53,10 +53,10 @@ def secured() -> Iterator[StackThread]:
         s.close()
 
 
-def client(stack: StackThread, key: str, secret: str, **config: Any) -> Any:
+def client(stack: Stack, key: str, secret: str, **config: Any) -> Any:
     return boto3.client(
         "batch",
-        endpoint_url=stack.stack.url,
+        endpoint_url=stack.url,
         region_name="us-east-1",
         aws_access_key_id=key,
         aws_secret_access_key=secret,
@@ -76,7 +76,7 @@ def denied(call: Any, code: str = "AccessDeniedException") -> str:
 # ----- end to end through boto3 ------------------------------------------------------------------
 
 
-def test_admin_key_may_do_everything(secured: StackThread) -> None:
+def test_admin_key_may_do_everything(secured: Stack) -> None:
     admin = secured.client
     assert [s["quotaShareName"] for s in admin.list_quota_shares(jobQueue="jq")["quotaShares"]] == [
         "QS1",
@@ -92,7 +92,7 @@ def test_admin_key_may_do_everything(secured: StackThread) -> None:
     admin.terminate_service_job(jobId=job_id, reason="done")
 
 
-def test_wrong_secret_unknown_key_and_missing_signature_are_refused(secured: StackThread) -> None:
+def test_wrong_secret_unknown_key_and_missing_signature_are_refused(secured: Stack) -> None:
     wrong = client(secured, "ADMIN", "not-the-secret")
     message = denied(lambda: wrong.list_quota_shares(jobQueue="jq"), "InvalidSignatureException")
     assert "signature" in message
@@ -104,7 +104,7 @@ def test_wrong_secret_unknown_key_and_missing_signature_are_refused(secured: Sta
         c.close()
 
 
-def test_health_and_raw_requests(secured: StackThread) -> None:
+def test_health_and_raw_requests(secured: Stack) -> None:
     with urllib.request.urlopen(secured.stack.url + "/health", timeout=10) as response:
         assert response.status == 200
     for path in ("/v1/listquotashares", "/v1/nosuchoperation", "/gpuquota/v1/shares"):
@@ -117,7 +117,7 @@ def test_health_and_raw_requests(secured: StackThread) -> None:
         info.value.close()
 
 
-def test_share_limited_key(secured: StackThread) -> None:
+def test_share_limited_key(secured: Stack) -> None:
     admin = secured.client
     team1 = client(secured, "TEAM1", "team1-secret")
     team2 = client(secured, "TEAM2", "team2-secret")
@@ -310,7 +310,7 @@ def test_up_and_gateway_refuse_a_bad_keys_file(
 
 
 def test_cli_signs_with_the_environments_key(
-    secured: StackThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    secured: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gpuquota.cli import main
 

@@ -1,4 +1,11 @@
-"""The embedded stack as a whole: restart from the SQLite log, local simulated agents, ``gpuquota up``."""
+"""The embedded stack as a whole: local simulated agents and ``gpuquota up`` (embedded-only).
+
+These start an ``EmbeddedStack`` (or ``gpuquota up`` without ``--kafka``) themselves: they test the
+embedded process (agents wired to the shell, the SQLite data dir), not the API contract. Their
+distributed counterparts need a process per service and a slower start, so they live in
+tests/pipeline (test_services.py::test_gpuquota_up_distributed_mode, test_end_to_end.py). The restart
+from the log runs in both modes in test_jobs.py::test_restart_continues_from_the_log.
+"""
 
 from __future__ import annotations
 
@@ -13,41 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.gateway.conftest import StackThread, wait_for
-from tests.gateway.helpers import G5, create_share, status, submit, worked_example
-
-
-def test_restart_continues_from_the_log(tmp_path: Path) -> None:
-    first = StackThread(data_dir=tmp_path)
-    try:
-        worked_example(first.client)
-        first.register_node(count=3)
-        job_id = submit(first.client, "a", "QS1", 3)
-        first.report(job_id, "STARTING")
-        first.report(job_id, "RUNNING")
-        waiting = submit(first.client, "b", "QS3")
-        first.client.terminate_service_job(jobId=waiting, reason="gone")
-        first.report(waiting, "STOPPED")
-        before = first.client.describe_service_job(jobId=job_id)
-    finally:
-        first.close()
-
-    second = StackThread(data_dir=tmp_path)
-    try:
-        batch = second.client
-        after = batch.describe_service_job(jobId=job_id)
-        assert {k: v for k, v in after.items() if k != "ResponseMetadata"} == {
-            k: v for k, v in before.items() if k != "ResponseMetadata"
-        }
-        assert status(batch, waiting) == "FAILED"
-        assert [s["quotaShareName"] for s in batch.list_quota_shares(jobQueue="jq")["quotaShares"]] == [
-            "QS1",
-            "QS2",
-            "QS3",
-        ]
-        second.report(job_id, "SUCCEEDED")
-        assert status(batch, job_id) == "SUCCEEDED"
-    finally:
-        second.close()
+from tests.gateway.helpers import G5, create_share, status, submit
 
 
 def test_simulated_local_agent_runs_jobs_to_completion(tmp_path: Path) -> None:

@@ -7,23 +7,23 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from tests.gateway.conftest import StackThread
+from tests.gateway.conftest import Stack
 from tests.gateway.helpers import status, submit, worked_example
 
 
-def get(stack: StackThread, path: str) -> tuple[int, dict[str, str], Any]:
+def get(stack: Stack, path: str) -> tuple[int, dict[str, str], Any]:
     try:
-        with urllib.request.urlopen(stack.stack.url + path, timeout=10) as response:
+        with urllib.request.urlopen(stack.url + path, timeout=10) as response:
             return response.status, dict(response.headers), json.loads(response.read())
     except urllib.error.HTTPError as exc:
         with exc:
             return exc.code, dict(exc.headers), json.loads(exc.read())
 
 
-def step_2(stack: StackThread) -> dict[str, str]:
+def step_2(stack: Stack) -> dict[str, str]:
     """S8 steps 1-2: high and qs2_job_1 run, med was preempted cross-share, low waits."""
     batch = stack.client
     worked_example(batch)
@@ -37,7 +37,7 @@ def step_2(stack: StackThread) -> dict[str, str]:
     return jobs
 
 
-def test_shares(stack: StackThread) -> None:
+def test_shares(stack: Stack) -> None:
     step_2(stack)
     code, _, body = get(stack, "/gpuquota/v1/shares?queue=jq")
     assert code == 200
@@ -67,7 +67,7 @@ def test_shares(stack: StackThread) -> None:
     )
 
 
-def test_lent_is_attributed_to_idle_lending_shares(stack: StackThread) -> None:
+def test_lent_is_attributed_to_idle_lending_shares(stack: Stack) -> None:
     batch = stack.client
     worked_example(batch)
     stack.register_node(count=3)
@@ -81,7 +81,7 @@ def test_lent_is_attributed_to_idle_lending_shares(stack: StackThread) -> None:
     )
 
 
-def test_explain_a_preempted_job(stack: StackThread) -> None:
+def test_explain_a_preempted_job(stack: Stack) -> None:
     jobs = step_2(stack)
     arn = urllib.parse.quote(f"arn:aws:batch:us-east-1:000000000000:service-job/{jobs['med']}", safe="")
     code, _, body = get(stack, f"/gpuquota/v1/jobs/{arn}/explain")
@@ -114,26 +114,23 @@ def test_explain_a_preempted_job(stack: StackThread) -> None:
     assert (code, error) == (400, {"message": "Service job nope does not exist"})
 
 
-def test_explain_without_the_core_and_for_finished_jobs(stack: StackThread) -> None:
+def test_explain_without_the_core_and_for_finished_jobs(stack: Stack) -> None:
     jobs = step_2(stack)
     stack.client.terminate_service_job(jobId=jobs["low"], reason="gone")
     low = get(stack, f"/gpuquota/v1/jobs/{jobs['low']}/explain")[2]
     assert (low["status"], low["statusReason"], low["explanation"]) == ("FAILED", "gone", None)
-    assert stack.stack.gateway is not None
-    stack.stack.gateway.explainer = None  # a gateway without the scheduler's state (distributed mode)
+    assert stack.gateway is not None
+    stack.gateway.explainer = None  # a gateway without the core's state
     med = get(stack, f"/gpuquota/v1/jobs/{jobs['med']}/explain")[2]
     assert med["explanation"] is None and med["lastPreemption"]["kind"] == "CROSS_SHARE"
 
 
-def test_preemptions_and_history_survive_a_restart(tmp_path: Path) -> None:
-    first = StackThread(data_dir=tmp_path)
-    try:
-        jobs = step_2(first)
-        before = get(first, f"/gpuquota/v1/jobs/{jobs['med']}/explain")[2]
-        shares = get(first, "/gpuquota/v1/shares")[2]
-    finally:
-        first.close()
-    second = StackThread(data_dir=tmp_path)
+def test_preemptions_and_history_survive_a_restart(make_stack: Callable[..., Stack]) -> None:
+    first = make_stack(durable=True)
+    jobs = step_2(first)
+    before = get(first, f"/gpuquota/v1/jobs/{jobs['med']}/explain")[2]
+    shares = get(first, "/gpuquota/v1/shares")[2]
+    second = first.reopen()
     try:
         assert get(second, f"/gpuquota/v1/jobs/{jobs['med']}/explain")[2] == before
         assert get(second, "/gpuquota/v1/shares")[2] == shares

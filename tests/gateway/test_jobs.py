@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.gateway.conftest import StackThread
-from tests.gateway.helpers import G5, P4, QUEUE_ARN, create_queue, create_share, payload, status, submit
+from tests.gateway.conftest import Stack, distributed_only, wait_for
+from tests.gateway.helpers import (
+    G5,
+    P4,
+    QUEUE_ARN,
+    create_queue,
+    create_share,
+    payload,
+    status,
+    submit,
+    worked_example,
+)
 from tests.gateway.test_resources import client_error
 
 
@@ -21,7 +32,7 @@ def queue(batch: Any) -> Any:
     return batch
 
 
-def test_submit_and_describe(stack: StackThread, queue: Any) -> None:
+def test_submit_and_describe(stack: Stack, queue: Any) -> None:
     body = payload(G5, 1, AlgorithmSpecification={"TrainingImage": "x"})
     job = queue.submit_service_job(
         jobName="train-1",
@@ -113,6 +124,29 @@ def test_submit_validation(queue: Any) -> None:
     )
 
 
+@distributed_only("only the distributed gateway can answer before the core has decided")
+def test_a_write_not_decided_in_time_is_accepted_and_decided_later(stack: Stack, queue: Any) -> None:
+    """docs/distributed.md: the Kafka port waits at most ``decision_timeout`` for the scheduler's
+    decision; past it the write is accepted (it is durable in Kafka) and decided later. So a core
+    rejection (here: no capacity limit for the instance type, a ClientException in
+    test_submit_validation) arrives asynchronously: the call succeeds and the pending job goes away."""
+    port: Any = stack.gateway.port
+    port.decision_timeout = 0.0  # as if the scheduler were slow: never wait for the decision
+    rejected = submit(queue, "p4", serviceRequestPayload=payload(P4))
+    accepted = submit(queue, "g5")
+
+    def gone(job_id: str) -> bool:
+        try:
+            queue.describe_service_job(jobId=job_id)
+        except ClientError as exc:
+            assert exc.response["Error"]["Message"] == f"Service job {job_id} does not exist"
+            return True
+        return False
+
+    wait_for(lambda: gone(rejected), timeout=20)
+    wait_for(lambda: status(queue, accepted) == "RUNNABLE", timeout=20)
+
+
 def test_client_token_is_idempotent(queue: Any) -> None:
     first = submit(queue, "j", clientToken="token-1")
     assert submit(queue, "j", clientToken="token-1") == first
@@ -120,7 +154,7 @@ def test_client_token_is_idempotent(queue: Any) -> None:
     assert submit(queue, "j", clientToken="token-2") != first
 
 
-def test_update_and_terminate(stack: StackThread, queue: Any) -> None:
+def test_update_and_terminate(stack: Stack, queue: Any) -> None:
     runnable = submit(queue, "a", priority=1)
     updated = queue.update_service_job(jobId=runnable, schedulingPriority=9)
     assert updated["jobName"] == "a" and updated["jobArn"].endswith(runnable)
@@ -162,7 +196,7 @@ def names(response: dict[str, Any]) -> list[str]:
     return [j["jobName"] for j in response["jobSummaryList"]]
 
 
-def test_list_filters_and_pagination(stack: StackThread, queue: Any) -> None:
+def test_list_filters_and_pagination(stack: Stack, queue: Any) -> None:
     stack.register_node(count=1)
     ids = {
         name: submit(queue, name, share)
@@ -219,7 +253,7 @@ def test_list_filters_and_pagination(stack: StackThread, queue: Any) -> None:
     assert client_error(queue.list_service_jobs, nextToken="garbage") == "Invalid nextToken"
 
 
-def test_snapshot_of_a_waiting_queue(stack: StackThread, queue: Any) -> None:
+def test_snapshot_of_a_waiting_queue(stack: Stack, queue: Any) -> None:
     first = submit(queue, "first", "QS2", priority=1)
     urgent = submit(queue, "urgent", "QS2", priority=5)
     other = submit(queue, "other", "QS1")
@@ -236,7 +270,7 @@ def test_snapshot_of_a_waiting_queue(stack: StackThread, queue: Any) -> None:
     assert "does not exist" in client_error(queue.get_job_queue_snapshot, jobQueue="nope")
 
 
-def test_preemption_retries_exhausted(stack: StackThread, batch: Any) -> None:
+def test_preemption_retries_exhausted(stack: Stack, batch: Any) -> None:
     create_queue(batch, capacity=2)
     create_share(batch, "QS1", "LEND_AND_BORROW", limit=1)
     create_share(batch, "QS2", "LEND", limit=1)
@@ -274,3 +308,34 @@ def test_errors_carry_the_modeled_message(queue: Any) -> None:
     # botocore copies the modeled exception's members (ClientException.message) to the top level
     assert info.value.response["message"] == info.value.response["Error"]["Message"]
     assert "does not exist" in info.value.response["message"]
+
+
+def test_restart_continues_from_the_log(make_stack: Callable[..., Stack]) -> None:
+    """Embedded: a new stack over the SQLite log; distributed: a new gateway folding the pool's log."""
+    first = make_stack(durable=True)
+    worked_example(first.client)
+    first.register_node(count=3)
+    job_id = submit(first.client, "a", "QS1", 3)
+    first.report(job_id, "STARTING")
+    first.report(job_id, "RUNNING")
+    waiting = submit(first.client, "b", "QS3")
+    first.client.terminate_service_job(jobId=waiting, reason="gone")
+    first.report(waiting, "STOPPED")
+    before = first.client.describe_service_job(jobId=job_id)
+    second = first.reopen()
+    try:
+        batch = second.client
+        after = batch.describe_service_job(jobId=job_id)
+        assert {k: v for k, v in after.items() if k != "ResponseMetadata"} == {
+            k: v for k, v in before.items() if k != "ResponseMetadata"
+        }
+        assert status(batch, waiting) == "FAILED"
+        assert [s["quotaShareName"] for s in batch.list_quota_shares(jobQueue="jq")["quotaShares"]] == [
+            "QS1",
+            "QS2",
+            "QS3",
+        ]
+        second.report(job_id, "SUCCEEDED")
+        assert status(batch, job_id) == "SUCCEEDED"
+    finally:
+        second.close()

@@ -9,13 +9,11 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import StackThread
+from tests.gateway.conftest import Stack
 
 
-def call(
-    stack: StackThread, method: str, path: str, body: bytes | None = None
-) -> tuple[int, dict[str, str], Any]:
-    request = urllib.request.Request(stack.stack.url + path, data=body, method=method)
+def call(stack: Stack, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, str], Any]:
+    request = urllib.request.Request(stack.url + path, data=body, method=method)
     request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -25,7 +23,7 @@ def call(
             return error.code, dict(error.headers), json.loads(error.read() or b"null")
 
 
-def test_health(stack: StackThread) -> None:
+def test_health(stack: Stack) -> None:
     status, _, body = call(stack, "GET", "/health")
     assert (status, body) == (200, {"status": "ok"})
 
@@ -49,7 +47,7 @@ def test_health(stack: StackThread) -> None:
     ],
 )
 def test_bad_requests_are_client_exceptions(
-    stack: StackThread, method: str, path: str, body: bytes | None, message: str
+    stack: Stack, method: str, path: str, body: bytes | None, message: str
 ) -> None:
     status, headers, payload = call(stack, method, path, body)
     assert status == 400
@@ -57,15 +55,15 @@ def test_bad_requests_are_client_exceptions(
     assert message in payload["message"]
 
 
-def test_oversized_body_is_a_client_exception(stack: StackThread) -> None:
+def test_oversized_body_is_a_client_exception(stack: Stack) -> None:
     status, headers, payload = call(
         stack, "POST", "/v1/submitservicejob", b'{"jobName": "' + b"x" * 2_000_000 + b'"}'
     )
     assert status == 400 and headers["x-amzn-ErrorType"] == "ClientException"
 
 
-def test_internal_errors_are_server_exceptions(stack: StackThread, monkeypatch: pytest.MonkeyPatch) -> None:
-    gateway = stack.stack.gateway
+def test_internal_errors_are_server_exceptions(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway = stack.gateway
     assert gateway is not None
 
     async def broken(_: Any) -> dict[str, Any]:

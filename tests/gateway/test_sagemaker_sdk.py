@@ -11,6 +11,7 @@ keep it offline. Nothing of the SDK is patched.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpuquota.gateway.auth import Keyring
-from tests.gateway.conftest import StackThread
+from tests.gateway.conftest import Stack
 from tests.gateway.helpers import G5, submit, worked_example
 
 # importing sagemaker.train warns that its own modules moved (sagemaker.train.configs)
@@ -54,13 +55,13 @@ def trainer(name: str) -> Any:
 
 
 @pytest.fixture
-def sdk(stack: StackThread, monkeypatch: pytest.MonkeyPatch) -> Any:
+def sdk(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Any:
     worked_example(stack.client)
     stack.register_node(count=3)
-    return use_gateway(monkeypatch, stack.stack.url)
+    return use_gateway(monkeypatch, stack.url)
 
 
-def test_training_queue_and_queued_job(stack: StackThread, sdk: Any) -> None:
+def test_training_queue_and_queued_job(stack: Stack, sdk: Any) -> None:
     queue = sdk.TrainingQueue("jq")
     jobs = {
         name: queue.submit(
@@ -109,33 +110,30 @@ def test_training_queue_and_queued_job(stack: StackThread, sdk: Any) -> None:
     assert (final["status"], final["isTerminated"], final["statusReason"]) == ("FAILED", True, "not needed")
 
 
-def test_sdk_signs_with_a_share_limited_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sdk_signs_with_a_share_limited_key(
+    make_stack: Callable[..., Stack], monkeypatch: pytest.MonkeyPatch
+) -> None:
     keys = [
         {"access_key": "ADMIN", "secret_key": "admin-secret", "admin": True},
         {"access_key": "TEAM2", "secret_key": "team2-secret", "quota_shares": ["jq/QS2"]},
     ]
-    stack = StackThread(auth=Keyring.from_data(keys))
-    try:
-        admin = boto3.client(
-            "batch",
-            endpoint_url=stack.stack.url,
-            region_name="us-east-1",
-            aws_access_key_id="ADMIN",
-            aws_secret_access_key="admin-secret",
-        )
-        worked_example(admin)
-        other = submit(admin, "qs1-job", share="QS1")
-        sdk = use_gateway(monkeypatch, stack.stack.url, "TEAM2", "team2-secret")
-        queue = sdk.TrainingQueue("jq")
-        mine = queue.submit(trainer("qs2"), None, job_name="qs2-job", quota_share_name="QS2")
-        assert mine.describe()["quotaShareName"] == "QS2"
-        assert [j.job_name for j in queue.list_jobs_by_share("RUNNABLE", quota_share_name="QS2")] == [
-            "qs2-job"
-        ]
-        assert queue.list_jobs_by_share("RUNNABLE", quota_share_name="QS1") == []
-        with pytest.raises(ClientError) as info:
-            sdk.TrainingQueuedJob(f"arn:aws:batch:us-east-1:000000000000:service-job/{other}", "x").describe()
-        assert info.value.response["Error"]["Code"] == "AccessDeniedException"
-        admin.close()
-    finally:
-        stack.close()
+    stack = make_stack(auth=Keyring.from_data(keys))
+    admin = boto3.client(
+        "batch",
+        endpoint_url=stack.url,
+        region_name="us-east-1",
+        aws_access_key_id="ADMIN",
+        aws_secret_access_key="admin-secret",
+    )
+    worked_example(admin)
+    other = submit(admin, "qs1-job", share="QS1")
+    sdk = use_gateway(monkeypatch, stack.url, "TEAM2", "team2-secret")
+    queue = sdk.TrainingQueue("jq")
+    mine = queue.submit(trainer("qs2"), None, job_name="qs2-job", quota_share_name="QS2")
+    assert mine.describe()["quotaShareName"] == "QS2"
+    assert [j.job_name for j in queue.list_jobs_by_share("RUNNABLE", quota_share_name="QS2")] == ["qs2-job"]
+    assert queue.list_jobs_by_share("RUNNABLE", quota_share_name="QS1") == []
+    with pytest.raises(ClientError) as info:
+        sdk.TrainingQueuedJob(f"arn:aws:batch:us-east-1:000000000000:service-job/{other}", "x").describe()
+    assert info.value.response["Error"]["Code"] == "AccessDeniedException"
+    admin.close()

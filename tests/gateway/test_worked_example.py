@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.gateway.conftest import StackThread
+from tests.gateway.conftest import Stack
 from tests.gateway.helpers import status, submit, worked_example
 
 
@@ -12,7 +12,7 @@ def statuses(batch: Any, jobs: dict[str, str]) -> dict[str, str]:
     return {name: status(batch, job_id) for name, job_id in jobs.items()}
 
 
-def test_worked_example_through_boto3(stack: StackThread, batch: Any) -> None:
+def test_worked_example_through_boto3(stack: Stack, batch: Any) -> None:
     worked_example(batch)
     stack.register_node("node-1", count=3)
     jobs: dict[str, str] = {}
