@@ -53,6 +53,8 @@ class ResourceView(Generic[S]):
     status_reason: str | None = None
     pending_input: str | None = None
     """The event id of the command that made this view pending (``None`` once an event confirmed it)."""
+    previous: ResourceView[S] | None = None
+    """While pending: the view before that command, restored if the command is rejected."""
 
 
 @dataclass
@@ -178,6 +180,20 @@ class ReadModel:
             job = self.jobs.get(e.job_id)
             if job is not None and job.pending_input == e.input_event_id:
                 del self.jobs[e.job_id]
+            return
+        # A rejected resource command: restore the view its pending state replaced. The gateway does
+        # the same when it sees the rejection in time; a rejection that arrives after the gateway
+        # stopped waiting for it (distributed mode, a slow scheduler) is only seen here.
+        tables: tuple[dict[Any, ResourceView[Any]], ...] = (
+            self.policies,
+            self.environments,
+            self.queues,
+            self.shares,
+        )
+        for table in tables:
+            for key, view in table.items():
+                if view.pending_input is not None and self._unmark(table, key, e.input_event_id):
+                    return
 
     def _on_JobAccepted(self, e: ev.JobAccepted) -> None:
         old = self.jobs.get(e.job.job_id)
@@ -319,27 +335,36 @@ class ReadModel:
         if job is not None and job.pending_input == input_id and job.status is JobStatus.SUBMITTED:
             del self.jobs[job_id]
 
-    def mark(
-        self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str, input_id: str
-    ) -> ResourceView[S] | None:
-        """Record a pending status; return the previous view to pass to ``revert`` on rejection."""
+    def mark(self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str, input_id: str) -> None:
+        """Record a pending status (it keeps the view it replaces, for ``revert`` on rejection)."""
         previous = table.get(key)
         if previous is None:
             table[key] = ResourceView(spec, status, pending_input=input_id)
         else:
-            table[key] = ResourceView(previous.spec, status, previous.status_reason, pending_input=input_id)
-        return previous
+            table[key] = ResourceView(
+                previous.spec, status, previous.status_reason, pending_input=input_id, previous=previous
+            )
 
-    def revert(
-        self, table: dict[Any, ResourceView[S]], key: Any, previous: ResourceView[S] | None, input_id: str
-    ) -> None:
-        current = table.get(key)
-        if current is None or current.pending_input != input_id:
-            return  # an event already replaced the pending view
-        if previous is None:
-            del table[key]
-        else:
-            table[key] = previous
+    def revert(self, table: dict[Any, ResourceView[S]], key: Any, input_id: str) -> None:
+        """Undo the pending state of a rejected command (nothing if an event already replaced it)."""
+        self._unmark(table, key, input_id)
+
+    @staticmethod
+    def _unmark(table: dict[Any, ResourceView[S]], key: Any, input_id: str) -> bool:
+        """Remove the pending state of ``input_id`` from ``key``'s chain of pending views."""
+        later: ResourceView[S] | None = None
+        view = table.get(key)
+        while view is not None and view.pending_input is not None:
+            if view.pending_input == input_id:
+                if later is not None:
+                    later.previous = view.previous  # a later command is pending on top of this one
+                elif view.previous is None:
+                    del table[key]
+                else:
+                    table[key] = view.previous
+                return True
+            later, view = view, view.previous
+        return False
 
     # ----- AWS views ---------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from tests.gateway.conftest import Stack, distributed_only, wait_for
 from tests.gateway.helpers import G5, P4, QUEUE_ARN, create_queue, create_share, share_arn
 
 POLICY_ARN = "arn:aws:batch:us-east-1:000000000000:scheduling-policy/policy"
@@ -263,3 +264,114 @@ def test_tags_on_every_resource(batch: Any) -> None:
     )
     too_many = {f"k{i}": "v" for i in range(51)}
     assert "at most 50 tags" in client_error(batch.tag_resource, resourceArn=QUEUE_ARN, tags=too_many)
+
+
+def test_rules_only_the_core_checks(batch: Any) -> None:
+    """Duplicate capacity units (checked by the gateway), and rules only the core checks: the gateway
+    forwards the write and the core rejects it (in distributed mode the rejection comes back through
+    Kafka and the log, within the decision timeout). The rejected writes leave nothing behind."""
+    create_queue(batch)
+    create_share(batch, "QS1")
+    twice = [{"capacityUnit": G5, "maxCapacity": 1}] * 2
+    share_config: dict[str, Any] = {
+        "resourceSharingConfiguration": {"strategy": "LEND"},
+        "preemptionConfiguration": {"inSharePreemption": "DISABLED"},
+    }
+    assert (
+        client_error(
+            batch.create_service_environment,
+            serviceEnvironmentName="se2",
+            serviceEnvironmentType="SAGEMAKER_TRAINING",
+            capacityLimits=twice,
+        )
+        == "capacityLimits lists a capacityUnit more than once"
+    )
+    assert "more than once" in client_error(
+        batch.update_service_environment, serviceEnvironment="se", capacityLimits=twice
+    )
+    assert "more than once" in client_error(
+        batch.create_quota_share, quotaShareName="QS9", jobQueue="jq", capacityLimits=twice, **share_config
+    )
+    assert "more than once" in client_error(
+        batch.update_quota_share, quotaShareArn=share_arn("QS1"), capacityLimits=twice
+    )
+    batch.create_service_environment(
+        serviceEnvironmentName="se2",
+        serviceEnvironmentType="SAGEMAKER_TRAINING",
+        capacityLimits=[{"capacityUnit": G5, "maxCapacity": 1}],
+    )
+    assert (
+        client_error(
+            batch.update_job_queue,
+            jobQueue="jq",
+            serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se2"}],
+        )
+        == "The service environment of a quota-share job queue cannot be changed"
+    )
+    batch.update_service_environment(serviceEnvironment="se", state="DISABLED")
+    assert client_error(batch.delete_service_environment, serviceEnvironment="se") == (
+        "Service environment se is attached to job queue jq"
+    )
+    batch.update_job_queue(jobQueue="jq", state="DISABLED")
+    assert client_error(batch.delete_job_queue, jobQueue="jq") == (
+        "Job queue jq still has quota shares; delete them first"
+    )
+    # the rejected writes changed nothing
+    envs = {
+        e["serviceEnvironmentName"]: e for e in batch.describe_service_environments()["serviceEnvironments"]
+    }
+    assert envs["se"]["capacityLimits"] == [{"capacityUnit": G5, "maxCapacity": 3}]
+    assert envs["se"]["status"] == envs["se2"]["status"] == "VALID"
+    (queue,) = batch.describe_job_queues(jobQueues=["jq"])["jobQueues"]
+    assert queue["status"] == "VALID" and queue["serviceEnvironmentOrder"][0]["serviceEnvironment"] == SE_ARN
+    assert [s["quotaShareName"] for s in batch.list_quota_shares(jobQueue="jq")["quotaShares"]] == ["QS1"]
+    share = batch.describe_quota_share(quotaShareArn=share_arn("QS1"))
+    assert share["capacityLimits"] == [{"capacityUnit": G5, "maxCapacity": 1}] and share["status"] == "VALID"
+
+
+@distributed_only("only the distributed gateway can answer before the core has decided")
+def test_a_late_rejection_reverts_the_pending_view(stack: Stack, batch: Any) -> None:
+    """docs/distributed.md: past the decision timeout a write is accepted and decided later. Meanwhile
+    the resource shows the write's pending status (CREATING, UPDATING, DELETING); a rejection that
+    comes later must revert it, as a timely one does (test_rules_only_the_core_checks)."""
+    create_queue(batch)
+    create_share(batch, "QS1")
+    se2 = [{"order": 1, "serviceEnvironment": "se2"}]
+    batch.create_service_environment(
+        serviceEnvironmentName="se2",
+        serviceEnvironmentType="SAGEMAKER_TRAINING",
+        capacityLimits=[{"capacityUnit": G5, "maxCapacity": 1}],
+    )
+    batch.update_service_environment(serviceEnvironment="se", state="DISABLED")
+    batch.update_job_queue(jobQueue="jq", state="DISABLED")
+    port: Any = stack.gateway.port
+    port.decision_timeout = 0.0  # as if the scheduler were slow: never wait for the decision
+    # each accepted now, rejected by the core later
+    batch.create_job_queue(
+        jobQueueName="jq2",
+        priority=1,
+        schedulingPolicyArn=POLICY_ARN,
+        serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
+    )
+    batch.update_job_queue(jobQueue="jq", serviceEnvironmentOrder=se2)
+    batch.delete_job_queue(jobQueue="jq")  # two writes pending on jq, both rejected
+    batch.delete_service_environment(serviceEnvironment="se")
+
+    def settled() -> bool:
+        queues = {q["jobQueueName"]: q for q in batch.describe_job_queues()["jobQueues"]}
+        (env,) = batch.describe_service_environments(serviceEnvironments=["se"])["serviceEnvironments"]
+        return set(queues) == {"jq"} and queues["jq"]["status"] == env["status"] == "VALID"
+
+    wait_for(settled, timeout=20)
+    (queue,) = batch.describe_job_queues()["jobQueues"]
+    assert queue["state"] == "DISABLED"
+    assert queue["serviceEnvironmentOrder"] == [{"order": 1, "serviceEnvironment": SE_ARN}]
+    port.decision_timeout = 20.0  # the same write, decided in time: the rejection is the answer
+    message = client_error(
+        batch.create_job_queue,
+        jobQueueName="jq2",
+        priority=1,
+        schedulingPolicyArn=POLICY_ARN,
+        serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
+    )
+    assert message == "Service environment se is already used by job queue jq"

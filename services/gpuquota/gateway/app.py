@@ -152,11 +152,11 @@ class Gateway:
     async def _write_resource(
         self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str, message: SchedulerInput
     ) -> None:
-        previous = self.rm.mark(table, key, spec, status, message.event_id)
+        self.rm.mark(table, key, spec, status, message.event_id)
         try:
             await self._send(message)
         except BaseException:
-            self.rm.revert(table, key, previous, message.event_id)
+            self.rm.revert(table, key, message.event_id)
             raise
 
     def _ref(self, ref: str, kind: str, what: str) -> tuple[str, ...]:

@@ -114,3 +114,36 @@ async def test_shares_need_a_valid_queue_and_jobs_are_visible_when_submitted() -
     rm.apply(ev.JobAccepted(event_id="x/0", occurred_at=6, job=message.job))
     described = await gateway.op_DescribeServiceJob(Params({"jobId": submitted["jobArn"]}))
     assert described["status"] == "RUNNABLE"
+
+
+def rejected(message: SchedulerInput, n: int) -> ev.InputRejected:
+    return ev.InputRejected(
+        event_id=f"r/{n}",
+        occurred_at=1,
+        input_event_id=message.event_id,
+        input_type=message.type,
+        reason="no",
+    )
+
+
+async def test_a_rejection_after_the_answer_restores_the_previous_view() -> None:
+    """The port answered before the decision (distributed mode, past its decision timeout): the
+    rejection event alone restores the view, also under a later command pending on the same resource."""
+    rm, port = ReadModel(), QueuedPort()
+    gateway = Gateway(rm, port)
+    await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
+    (create,) = port.sent
+    rm.apply(rejected(create, 0))
+    assert "p" not in rm.policies
+    port.sent.clear()
+    await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
+    confirm(rm, port)
+    fifo = {"idleResourceAssignmentStrategy": "FIFO"}
+    await gateway.op_UpdateSchedulingPolicy(Params({"arn": "p", "quotaSharePolicy": fifo}))
+    await gateway.op_DeleteSchedulingPolicy(Params({"arn": "p"}))
+    update, delete = port.sent
+    assert rm.policies["p"].status == "DELETING"
+    rm.apply(rejected(update, 1))  # under the pending delete
+    assert rm.policies["p"].status == "DELETING"
+    rm.apply(rejected(delete, 2))
+    assert rm.policies["p"].status == "VALID" and rm.policies["p"].pending_input is None
