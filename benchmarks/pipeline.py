@@ -192,7 +192,7 @@ async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AI
             command = NODE_COMMAND_ADAPTER.validate_json(record.value or b"")
             if isinstance(command, RunAttempt):
                 report = inp.AttemptReport(
-                    event_id=f"{command.event_id}/done",
+                    event_id=f"{command.attempt_id}/done",  # not chained: ids must stay short
                     occurred_at=now_ms(),
                     node_id=command.node_id,
                     job_id=command.job_id,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuquota.core.context import Context
+from gpuquota.core.context import Context, EventHook
 from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
@@ -46,14 +46,18 @@ def decide(state: ClusterState, message: SchedulerInput) -> list[SchedulerEvent]
         return ctx.events
 
 
-def step(state: ClusterState, message: SchedulerInput) -> list[SchedulerEvent]:
+def step(
+    state: ClusterState, message: SchedulerInput, before: EventHook | None = None
+) -> list[SchedulerEvent]:
     """``decide`` and ``evolve`` in one go: the returned events are already applied to ``state``.
 
     For shells that can rebuild their state from the log whenever persisting the events fails (the
     state is then ahead of the log). Equivalent to ``decide`` followed by ``evolve`` of each event,
-    without the trial's journal and the second application.
+    without the trial's journal and the second application. ``before(state, event)``, if given, is
+    called just before each event is applied, as a shell would between ``decide`` and each ``evolve``
+    (to derive what the event means for the state it is about to change, e.g. node commands).
     """
-    ctx = Context(state, message.event_id, message.occurred_at)
+    ctx = Context(state, message.event_id, message.occurred_at, before)
     if _HANDLERS[type(message)](ctx, message) and ctx.dirty != set():
         schedule(ctx)
     return ctx.events

@@ -3,11 +3,14 @@
 Theory of operation
 -------------------
 The app (id ``<prefix>gpuquota-scheduler``, which is also the consumer group) has ONE agent with
-``concurrency=1`` on ``gpuquota.scheduler.inputs`` (raw keys and values; pydantic decodes). Its loop
-body is ``Pipeline.handle(record)``: decode or dead-letter, decide, append with the position, evolve,
-publish. Within a partition records are handled strictly in order. faust acks a record when the loop
-moves on and commits acked offsets every ``commit_interval``; those committed offsets are only
-advisory: the store's recorded positions decide what was already applied (see ``pipeline``).
+``concurrency=1`` on ``gpuquota.scheduler.inputs`` (raw keys and values; pydantic decodes). It takes
+the records in batches (``batches``: all that arrived while the previous batch was handled, up to
+``batch_max``, never waiting for more) and its loop body is ``Pipeline.handle_batch(records)``: decode
+or dead-letter, decide each pool's records in order, append them with their positions in one
+transaction, publish. Within a partition records are handled strictly in order. The stream does not
+ack by itself (``noack``): the agent acks a batch's records once the loop body has returned, and faust
+commits acked offsets every ``commit_interval``; those committed offsets are only advisory: the
+store's recorded positions decide what was already applied (see ``pipeline``).
 
 A faust timer runs ``Pipeline.tick()`` every ``tick_seconds`` (ticks are decided directly, not sent
 through the topic). On partition assignment (faust passes the whole new assignment) the pools of the
@@ -26,15 +29,17 @@ scheduler, the gateway and node agents in one process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import faust
-from faust.types import TP
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, EventT
 
 from gpuquota.adapters.event_store import EventStore, TransientStoreError
 from gpuquota.adapters.kafka import KafkaTopics, bootstrap_list, encode, ensure_topics, message_headers
@@ -70,6 +75,101 @@ class SchedulerConfig:
     back at once, without waiting for the group to notice that the old process is gone."""
     session_timeout: float = 10.0
     """Seconds without a heartbeat before the group gives a (crashed) member's partitions to others."""
+    batch_max: int = 500
+    """Most records handled (and appended per pool in one transaction) together."""
+    batch_linger: float = 0.005
+    """Seconds a batch may wait for more records after the previous one (see ``batches``)."""
+    fetch_max_wait: float = 0.02
+    """Seconds the broker may hold a fetch of the inputs waiting for data (faust's own: 1.5 s)."""
+
+
+class _PromptConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """faust's consumer thread, with the broker's wait for more data taken from ``SchedulerApp``.
+
+    faust asks the broker to hold a fetch up to 1.5 s (hard-coded). While a partition's records are
+    being handled, the consumer's next fetch leaves that partition out and parks on the idle ones;
+    the busy partition is fetched again only when that fetch returns. So under load each batch of a
+    busy partition waited up to 1.5 s for the next (the pipeline saturated at ~150 jobs/s while the
+    scheduler was mostly idle).
+    """
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        wait = getattr(self.app, "fetch_max_wait_ms", None)
+        if wait is not None:
+            consumer._fetch_max_wait_ms = wait  # aiokafka hands it to its fetcher at start
+        return consumer
+
+
+class _PromptConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _PromptConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class SchedulerApp(faust.App):
+    """The scheduler's faust app: its consumer's fetches wait at most ``fetch_max_wait_ms``."""
+
+    fetch_max_wait_ms: int | None = None
+
+    def _new_transport(self) -> Any:
+        transport = super()._new_transport()
+        setattr(transport, "Consumer", _PromptConsumer)  # noqa: B010 (a ClassVar, set on this one)
+        return transport
+
+
+async def batches(
+    stream: faust.StreamT[bytes], most: int, linger: float = 0.0
+) -> AsyncGenerator[list[EventT[bytes]], None]:
+    """The stream's events in batches of up to ``most``: what arrived while the previous one was handled.
+
+    A background task reads the stream into a buffer (at most ``most`` events ahead) while batches
+    are handled, so under load a batch is everything that came in meanwhile (group commit). Until
+    ``linger`` seconds after the previous batch was handed out, a batch that is not full waits for
+    more: faust hands records over one by one at a cost close to deciding them, and on a busy
+    machine that short pause (in which only reading runs) makes batches much larger. An event that
+    arrives later than that is handed out at once. (``Stream.take_events`` instead stops reading
+    while a batch is handled, and always waits its ``within``.)
+    """
+    buffer: list[EventT[bytes]] = []
+    arrived, full, room = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    room.set()
+
+    async def fill() -> None:
+        async for event in stream.events():
+            buffer.append(event)
+            arrived.set()
+            if len(buffer) >= most:
+                full.set()
+                room.clear()
+                await room.wait()  # backpressure: the stream waits until a batch is taken
+
+    async def until(event: asyncio.Event, timeout: float | None) -> None:
+        waiter = asyncio.ensure_future(event.wait())
+        await asyncio.wait({waiter, filler}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+
+    filler = asyncio.create_task(fill(), name="scheduler-batches")
+    try:
+        while True:
+            resumed = time.monotonic()
+            if not buffer:
+                await until(arrived, None)
+            if len(buffer) < most and (left := resumed + linger - time.monotonic()) > 0:
+                await until(full, left)
+            if not buffer:
+                filler.result()  # the stream ended (or failed: raise its error)
+                return
+            batch = buffer[:most]
+            del buffer[:most]
+            if not buffer:
+                arrived.clear()
+            full.clear()
+            room.set()
+            yield batch
+    finally:
+        filler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await filler
 
 
 def job_id_of(event: ev.SchedulerEvent) -> str:
@@ -163,7 +263,7 @@ class SchedulerService:
 
     def _build_app(self) -> faust.App:
         cfg = self.config
-        app = faust.App(
+        app = SchedulerApp(
             cfg.app_id or self.topics.scheduler_group,
             broker=[f"kafka://{server}" for server in bootstrap_list(cfg.kafka)],
             store="memory://",
@@ -180,6 +280,7 @@ class SchedulerService:
             producer_linger=0.002,  # batch the publications of consecutive inputs
             loop=asyncio.get_running_loop(),
         )
+        app.fetch_max_wait_ms = max(1, round(cfg.fetch_max_wait * 1000))
         inputs = app.topic(
             self.topics.inputs,
             key_type=bytes,
@@ -190,11 +291,17 @@ class SchedulerService:
 
         @app.agent(inputs, concurrency=1, name=f"{self.topics.prefix}scheduler")
         async def scheduler(stream: faust.StreamT[bytes]) -> None:
-            async for event in stream.events():
-                m = event.message
-                record = SourceRecord(m.topic, m.partition, m.offset, m.key, m.value or b"")
-                if not await self._guard(self._pipeline().handle(record)):
-                    return
+            manual = cast(faust.Stream[bytes], stream).noack()  # acked once handled, below
+            async with contextlib.aclosing(batches(manual, max(1, cfg.batch_max), cfg.batch_linger)) as taken:
+                async for events in taken:
+                    records = [
+                        SourceRecord(m.topic, m.partition, m.offset, m.key, m.value or b"")
+                        for m in (event.message for event in events)
+                    ]
+                    if not await self._guard(self._pipeline().handle_batch(records)):
+                        return
+                    for event in events:
+                        await manual.ack(event)
 
         async def ticker() -> None:
             await self._guard(self._pipeline().tick())

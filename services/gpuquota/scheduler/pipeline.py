@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 Inputs arrive from ``gpuquota.scheduler.inputs`` keyed by pool; one partition carries whole pools, so
-the worker that owns a partition is the single writer of its pools' logs. ``Pipeline.handle(record)``
-is the thin loop body of the scheduler agent:
+the worker that owns a partition is the single writer of its pools' logs. ``Pipeline.handle_batch``
+is the loop body of the scheduler agent; it takes the records that are already there (up to a few
+hundred) and handles them per pool, in order, as below, except that the decided inputs of a pool are
+appended together (group commit, see "Batches"). ``handle(record)`` is a batch of one:
 
 1. decode: the key is the pool (keyless records belong to ``default_pool``); the value must be a
    ``SchedulerInput``. Anything else becomes a ``DeadLetter`` (original bytes, reason, position) and
@@ -30,6 +32,19 @@ its sequence is acknowledged by the broker, so nothing before a snapshot needs p
 Consumers therefore see each event at least once and de-duplicate by event id; node agents ignore a
 ``RunAttempt`` they already ran and a ``StopAttempt`` for an attempt they do not run.
 
+Batches: the records of one pool in a batch (below its recorded position: skipped; an input twice in
+the batch: the second is a duplicate) are decided one after another on the live state, each input's
+events evolved before the next is decided (node commands and job records derived from the state
+before each event), then appended with their positions by ONE ``append_many`` (one transaction, one
+round trip), and only then published, all in decision order; the agent acks the records afterwards.
+A snapshot due inside a batch is taken at its exact sequence (the state is dumped between inputs) and
+saved after the batch's publications are acknowledged. The state runs ahead of the log until the
+append commits, so any failure of the append drops the pool's state: ``DuplicateInput`` (an input
+of the batch was recorded before: ``recorded_inputs`` names every such input, they are skipped) and
+``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as above;
+``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had
+committed). Nothing is published for a batch that is not recorded.
+
 Ticks (``tick()``) are decided directly through the same path (decide, append, publish) for the pools
 this worker holds, once a pool has been loaded for ``tick_grace_seconds``: a scheduler that was down
 must first read the heartbeats queued meanwhile before it may declare nodes lost.
@@ -52,6 +67,7 @@ from typing import Protocol, TypeVar
 from pydantic import ValidationError
 
 from gpuquota.adapters.event_store import (
+    BatchEntry,
     DuplicateInput,
     EventStore,
     Position,
@@ -61,7 +77,7 @@ from gpuquota.adapters.event_store import (
 )
 from gpuquota.adapters.snapshots import SNAPSHOT_SCHEMA_VERSION, SnapshotError, dump_state, load_state
 from gpuquota.commands import node_commands
-from gpuquota.core import ClusterState, decide, evolve
+from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus
@@ -80,6 +96,7 @@ TopicPartition = tuple[str, int]
 _POOL = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _QUIET_INPUTS = (inp.Tick, inp.NodeHeartbeat)
 _STALE_RETRIES = 3
+_CHEAP_DUMP_SECONDS = 0.02
 
 
 def wall_clock_ms() -> int:
@@ -130,6 +147,23 @@ class PipelineFailed(Exception):
     """The pipeline cannot continue (a publication failed, the store stayed unreachable)."""
 
 
+class _Redo(Exception):
+    """Inputs of a batch were recorded before: they are marked; decide the rest again on a reload."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """A decoded record of a batch: its index in the batch, its input and its position."""
+
+    index: int
+    message: SchedulerInput
+    position: Position
+
+    @property
+    def offset(self) -> int:
+        return self.position.next_offset - 1
+
+
 @dataclass
 class PoolRuntime:
     pool: str
@@ -142,6 +176,8 @@ class PoolRuntime:
     since_snapshot: int = 0
     inflight: list[Awaitable[object]] = field(default_factory=list)
     """Delivery awaitables of publications since the last snapshot."""
+    snapshot_after: float = 0.0
+    """No snapshot before this ``time.monotonic()`` (dumping a large state is paced, see ``_dump``)."""
 
 
 @dataclass
@@ -156,6 +192,8 @@ class Stats:
     snapshots: int = 0
     loads: int = 0
     republished: int = 0
+    batches: int = 0
+    """Batches of more than one input appended together."""
 
 
 def decode(record: SourceRecord, default_pool: str) -> tuple[str, SchedulerInput] | str:
@@ -202,6 +240,7 @@ class Pipeline:
         *,
         default_pool: str = "default",
         snapshot_every: int = 1000,
+        snapshot_cpu_share: float = 0.05,
         heartbeat_timeout_ms: int = 30_000,
         tick_grace_seconds: float | None = None,
         store_retry_seconds: float = 300.0,
@@ -214,6 +253,7 @@ class Pipeline:
         self.publisher = publisher
         self.default_pool = default_pool
         self.snapshot_every = max(1, snapshot_every)
+        self.snapshot_cpu_share = min(1.0, max(0.001, snapshot_cpu_share))
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.tick_grace_seconds = (
             heartbeat_timeout_ms / 1000 if tick_grace_seconds is None else tick_grace_seconds
@@ -235,32 +275,146 @@ class Pipeline:
     # ----- the agent's loop body ---------------------------------------------------------------
 
     async def handle(self, record: SourceRecord) -> Outcome:
+        """Handle one record (a batch of one)."""
+        (outcome,) = await self.handle_batch([record])
+        return outcome
+
+    async def handle_batch(self, records: Sequence[SourceRecord]) -> list[Outcome]:
+        """Handle records consumed together, in order per pool; one outcome per record."""
         self._check()
-        decoded = decode(record, self.default_pool)
-        if isinstance(decoded, str):
-            await self._dead_letter(record, decoded)
-            return Outcome.DEAD_LETTER
-        pool, message = decoded
-        tp = (record.topic, record.partition)
-        self._partitions[pool] = tp
-        position = Position(record.topic, record.partition, record.offset + 1)
-        for _ in range(_STALE_RETRIES):
+        outcomes: list[Outcome] = [Outcome.DEAD_LETTER] * len(records)
+        pools: dict[str, list[_Item]] = {}
+        for index, record in enumerate(records):
+            decoded = decode(record, self.default_pool)
+            if isinstance(decoded, str):
+                await self._dead_letter(record, decoded)
+                continue
+            pool, message = decoded
+            self._partitions[pool] = (record.topic, record.partition)
+            position = Position(record.topic, record.partition, record.offset + 1)
+            pools.setdefault(pool, []).append(_Item(index, message, position))
+        for pool, items in pools.items():
+            done = await self._handle_pool(pool, items)
+            for item in items:
+                outcomes[item.index] = done[item.index]
+        return outcomes
+
+    async def _handle_pool(self, pool: str, items: list[_Item]) -> dict[int, Outcome]:
+        """Decide ``items`` (one pool's records of a batch, in order); outcomes by batch index."""
+        done: dict[int, Outcome] = {}
+        stale = 0
+        while stale < _STALE_RETRIES:
             runtime = await self.runtime(pool)
             async with runtime.lock:
                 if runtime.dropped:
+                    stale += 1
                     continue  # replaced while we waited for the lock
-                if record.offset < runtime.positions.get(tp, 0):
-                    self.stats.skipped += 1
-                    return Outcome.SKIPPED
                 try:
-                    return await self._decide(runtime, message, position)
+                    await self._decide_items(runtime, [i for i in items if i.index not in done], done)
+                    return done
+                except _Redo:
+                    continue  # the duplicates are marked done; the state is dropped: reload
                 except StaleWriter as exc:
                     self.stats.stale += 1
                     log.warning("pool %s: %s; dropping its state", pool, exc)
                     self.drop(pool)
-            if not self.owns(*tp):
-                return Outcome.NOT_OWNED
+                    stale += 1
+            topic, partition = items[0].position.topic, items[0].position.partition
+            if not self.owns(topic, partition):
+                return {i.index: done.get(i.index, Outcome.NOT_OWNED) for i in items}
         raise PipelineFailed(f"pool {pool}: another writer keeps appending to the log")
+
+    async def _decide_items(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
+        """Skip what was decided before, then decide the rest: alone, or as one batch."""
+        todo: list[_Item] = []
+        ids: set[str] = set()
+        for item in items:
+            pos = item.position
+            if item.offset < runtime.positions.get((pos.topic, pos.partition), 0):
+                self.stats.skipped += 1
+                done[item.index] = Outcome.SKIPPED
+            elif item.message.event_id in ids:
+                self.stats.duplicates += 1  # produced twice and consumed in one batch
+                done[item.index] = Outcome.DUPLICATE
+            else:
+                ids.add(item.message.event_id)
+                todo.append(item)
+        if len(todo) == 1:
+            (item,) = todo
+            done[item.index] = await self._decide(runtime, item.message, item.position)
+        elif todo:
+            await self._decide_batch(runtime, todo, done)
+
+    async def _decide_batch(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
+        state = runtime.state
+        entries: list[BatchEntry] = []
+        decided: list[_Item] = []
+        quiet: list[_Item] = []
+        records: list[JobStateRecord] = []
+        commands: list[NodeCommand] = []
+        since = runtime.since_snapshot
+        snapshot: Snapshot | None = None
+
+        def before(state: ClusterState, event: SchedulerEvent) -> None:
+            records.extend(_job_state(state, event))
+            commands.extend(node_commands(state, event))
+
+        try:
+            for item in items:
+                events = step(state, item.message, before)  # decided and applied: the log is behind
+                if not events and isinstance(item.message, _QUIET_INPUTS):
+                    quiet.append(item)
+                    continue
+                entries.append((item.message, events, item.position))
+                decided.append(item)
+                since += 1
+                if self._snapshot_due(runtime, since):  # at its exact sequence, as one at a time would
+                    snapshot = self._dump(runtime, runtime.seq + len(entries))
+                    since = 0
+        except BaseException:
+            self.drop(runtime.pool)  # the state is ahead of the log
+            raise
+        if entries:
+            try:
+                runtime.seq = await self._append_many(runtime, entries)
+            except DuplicateInput as exc:
+                self.drop(runtime.pool)
+                await self._mark_recorded(runtime.pool, decided, done, exc)
+                raise _Redo() from exc
+            except BaseException:
+                self.drop(runtime.pool)  # whether the batch was recorded, a reload will tell
+                raise
+        for item in quiet:
+            self.stats.quiet += 1
+            done[item.index] = Outcome.QUIET
+        for item in decided:
+            runtime.positions[(item.position.topic, item.position.partition)] = item.position.next_offset
+            done[item.index] = Outcome.DECIDED
+        if records or commands:
+            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands)))
+        self.stats.decided += len(decided)
+        self.stats.batches += 1
+        runtime.since_snapshot = since
+        if snapshot is not None:
+            self._snapshot(runtime, snapshot)
+
+    async def _mark_recorded(
+        self, pool: str, items: list[_Item], done: dict[int, Outcome], exc: DuplicateInput
+    ) -> None:
+        """Mark the items whose inputs the store has recorded already as duplicates."""
+        ids = [item.message.event_id for item in items]
+        recorded = await self._with_retry(
+            functools.partial(self.store.recorded_inputs, ids), f"pool {pool}: duplicates"
+        )
+        if not recorded:
+            raise StaleWriter(f"pool {pool}: a batch was refused as a duplicate ({exc}), none is recorded")
+        for item in items:
+            if item.message.event_id in recorded:
+                self.stats.duplicates += 1
+                done[item.index] = Outcome.DUPLICATE
+        log.info(
+            "pool %s: %d duplicate input(s) in a batch; reloading to decide the rest", pool, len(recorded)
+        )
 
     async def tick(self) -> None:
         """Decide a ``Tick`` for every pool held here (and past its grace period) that is idle."""
@@ -377,7 +531,7 @@ class Pipeline:
             runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands)))
         self.stats.decided += 1
         runtime.since_snapshot += 1
-        if runtime.since_snapshot >= self.snapshot_every:
+        if self._snapshot_due(runtime, runtime.since_snapshot):
             self._snapshot(runtime)
         return Outcome.DECIDED
 
@@ -407,10 +561,32 @@ class Pipeline:
                 await asyncio.sleep(delay)  # back-off before retrying the same append
                 delay = min(delay * 2, self.retry_max)
 
-    async def _recorded_next(self, runtime: PoolRuntime, input_id: str) -> bool:
-        """Whether the log's next record after ``runtime.seq`` is ``input_id``."""
-        following = await self.store.read(runtime.pool, after_seq=runtime.seq, limit=1)
-        return bool(following) and following[0].input.event_id == input_id
+    async def _append_many(self, runtime: PoolRuntime, entries: list[BatchEntry]) -> int:
+        """``append_many`` with the retries of ``_append``; the batch's last sequence."""
+        failed = False
+        delay = self.retry_initial
+        deadline = time.monotonic() + self.store_retry_seconds
+        ids = [message.event_id for message, _, _ in entries]
+        while True:
+            try:
+                seq = await self.store.append_many(runtime.pool, runtime.seq, entries)
+                self.store_available = True
+                return seq
+            except DuplicateInput:
+                if failed and await self._recorded_next(runtime, *ids):
+                    self.store_available = True
+                    return runtime.seq + len(entries)  # the append that failed in transit had committed
+                raise
+            except TransientStoreError as exc:
+                failed = True
+                self._unavailable(exc, deadline, f"pool {runtime.pool}: append")
+                await asyncio.sleep(delay)  # back-off before retrying the same append
+                delay = min(delay * 2, self.retry_max)
+
+    async def _recorded_next(self, runtime: PoolRuntime, *input_ids: str) -> bool:
+        """Whether the log's next records after ``runtime.seq`` are ``input_ids``, in order."""
+        following = await self.store.read(runtime.pool, after_seq=runtime.seq, limit=len(input_ids))
+        return [record.input.event_id for record in following] == list(input_ids)
 
     async def _with_retry(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
         delay = self.retry_initial
@@ -466,9 +642,28 @@ class Pipeline:
         await self.publisher.dead_letter(letter, record.key)
         self.stats.dead_letters += 1
 
-    def _snapshot(self, runtime: PoolRuntime) -> None:
+    def _snapshot_due(self, runtime: PoolRuntime, since: int) -> bool:
+        return since >= self.snapshot_every and time.monotonic() >= runtime.snapshot_after
+
+    def _dump(self, runtime: PoolRuntime, seq: int) -> Snapshot:
+        """The state as a snapshot at ``seq``; paces the next one if dumping took long.
+
+        Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
+        dump that took ``t`` seconds of CPU (over ``_CHEAP_DUMP_SECONDS``), the next waits until
+        ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
+        time. The log tail to replay on recovery grows accordingly (a few seconds of inputs).
+        """
+        began = time.process_time()
         data = dump_state(runtime.state)
-        snapshot = Snapshot(seq=runtime.seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
+        took = time.process_time() - began
+        if took > _CHEAP_DUMP_SECONDS:
+            runtime.snapshot_after = time.monotonic() + took / self.snapshot_cpu_share
+        return Snapshot(seq=seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
+
+    def _snapshot(self, runtime: PoolRuntime, snapshot: Snapshot | None = None) -> None:
+        """Save ``snapshot`` (default: of the state now) once the publications so far are delivered."""
+        if snapshot is None:
+            snapshot = self._dump(runtime, runtime.seq)
         deliveries, runtime.inflight = runtime.inflight, []
         runtime.since_snapshot = 0
         task = asyncio.create_task(self._save(runtime.pool, snapshot, deliveries))
