@@ -155,8 +155,9 @@ def next_input(driver: Driver, serial: int) -> Any:
 
 def report(driver: Driver, job_id: str, status: str) -> Any:
     attempt_id, node_id = driver.dispatched[job_id]
-    fields = {"node_id": node_id, "job_id": job_id, "attempt_id": attempt_id, "status": status}
-    return driver.message(inp.AttemptReport, **fields)
+    return driver.message(
+        inp.AttemptReport, node_id=node_id, job_id=job_id, attempt_id=attempt_id, status=status
+    )
 
 
 def pick_dispatched(driver: Driver) -> str:
