@@ -13,9 +13,9 @@ watches ``gpuquota.job-state``. Reported:
 * ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job.
 
 ``--recovery EVENTS``: decides about ``EVENTS`` submissions into a pool's log through the scheduler's
-``Pipeline`` (no Kafka), then times how long a fresh ``Pipeline`` takes to load the pool from the
-latest snapshot plus the log tail (``recovery_seconds``), and from the whole log with snapshots
-ignored (``full_replay_seconds``).
+``Pipeline`` (no Kafka; in batches of ``POPULATE_BATCH`` records, as the agent hands them over), then
+times how long a fresh ``Pipeline`` takes to load the pool from the latest snapshot plus the log tail
+(``recovery_seconds``), and from the whole log with snapshots ignored (``full_replay_seconds``).
 
 Kafka and PostgreSQL come from ``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL``; when unset, the
 benchmark starts throwaway ones with ``deploy/local/kafka.sh`` / ``deploy/local/postgres.sh``.
@@ -67,6 +67,7 @@ UNIT = "ml.g5.xlarge"
 NODES = 8
 SLOTS_PER_NODE = 32
 SHARES = 4
+POPULATE_BATCH = 500
 
 
 def now_ms() -> int:
@@ -117,8 +118,11 @@ async def infrastructure(need_kafka: bool = True) -> AsyncIterator[tuple[str, st
 # ----- workload ------------------------------------------------------------------------------------
 
 
-def setup_inputs(run: str, nodes: int = NODES, slots: int = SLOTS_PER_NODE) -> list[SchedulerInput]:
-    """Policy, one service environment over ``nodes`` x ``slots`` instances, one queue, LEND shares."""
+def setup_inputs(
+    run: str, nodes: int = NODES, slots: int = SLOTS_PER_NODE, *, register_nodes: bool = True
+) -> list[SchedulerInput]:
+    """Policy, one service environment over ``nodes`` x ``slots`` instances, one queue, LEND shares,
+    and the nodes (unless ``register_nodes`` is false: then every job submitted stays queued)."""
     capacity = nodes * slots
     made: list[SchedulerInput] = []
 
@@ -138,7 +142,7 @@ def setup_inputs(run: str, nodes: int = NODES, slots: int = SLOTS_PER_NODE) -> l
             strategy=Strategy.LEND_AND_BORROW,
         )
         add(inp.CreateQuotaShare, spec=share)
-    for index in range(nodes):
+    for index in range(nodes if register_nodes else 0):
         offers = tuple(SlotOffer(unit=UNIT) for _ in range(slots))
         add(inp.RegisterNode, node_id=f"node-{index}", slots=offers)
     return made
@@ -339,12 +343,16 @@ async def recovery(events: int, snapshot_every: int) -> dict[str, Any]:
         writer = await PostgresEventStore.connect(database)
         pipeline = Pipeline(writer, NullPublisher(), snapshot_every=snapshot_every)
         messages: list[SchedulerInput] = [
-            *setup_inputs(run, nodes=0),
+            *setup_inputs(run, register_nodes=False),  # capacity but no node: every job stays queued
             *(submission(run, i) for i in range(events)),
         ]
         started = time.monotonic()
-        for offset, message in enumerate(messages):
-            await pipeline.handle(SourceRecord("bench", 0, offset, pool.encode(), encode(message)))
+        for first in range(0, len(messages), POPULATE_BATCH):  # batches, as the agent hands them over
+            batch = [
+                SourceRecord("bench", 0, offset, pool.encode(), encode(message))
+                for offset, message in enumerate(messages[first : first + POPULATE_BATCH], start=first)
+            ]
+            await pipeline.handle_batch(batch)
         await pipeline.flush()
         populate = time.monotonic() - started
         recorded = sum(len(r.events) for r in await writer.read(pool, limit=len(messages) + 1))

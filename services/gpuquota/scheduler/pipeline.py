@@ -32,17 +32,17 @@ its sequence is acknowledged by the broker, so nothing before a snapshot needs p
 Consumers therefore see each event at least once and de-duplicate by event id; node agents ignore a
 ``RunAttempt`` they already ran and a ``StopAttempt`` for an attempt they do not run.
 
-Batches: the records of one pool in a batch (below its recorded position: skipped; an input twice in
-the batch: the second is a duplicate) are decided one after another on the live state, each input's
-events evolved before the next is decided (node commands and job records derived from the state
-before each event), then appended with their positions by ONE ``append_many`` (one transaction, one
-round trip), and only then published, all in decision order; the agent acks the records afterwards.
-A snapshot due inside a batch is taken at its exact sequence (the state is dumped between inputs) and
-saved after the batch's publications are acknowledged. The state runs ahead of the log until the
-append commits, so any failure of the append drops the pool's state: ``DuplicateInput`` (an input
-of the batch was recorded before: ``recorded_inputs`` names every such input, they are skipped) and
-``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as above;
-``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had
+Batches: the records of one pool in a batch (below its recorded position: skipped; an input twice in the
+batch: the second is a duplicate) are decided one after another on the live state, each input's events
+evolved before the next is decided (node commands and job records derived from the state before each
+event), then appended with their positions by ONE ``append_many`` (one transaction, one round trip), and
+only then published, all in decision order; the agent acks the records afterwards. A snapshot due inside
+a batch is taken at its exact sequence (the state is dumped between inputs) and saved after the batch's
+publications are acknowledged; dumping a large state is paced (``_dump``). The state runs ahead of the
+log until the append commits, so any failure of the append drops the pool's state: ``DuplicateInput``
+(an input of the batch was recorded before: ``recorded_inputs`` names every such input, they are
+skipped) and ``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as
+above; ``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had
 committed). Nothing is published for a batch that is not recorded.
 
 Ticks (``tick()``) are decided directly through the same path (decide, append, publish) for the pools
@@ -97,6 +97,7 @@ _POOL = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _QUIET_INPUTS = (inp.Tick, inp.NodeHeartbeat)
 _STALE_RETRIES = 3
 _CHEAP_DUMP_SECONDS = 0.02
+_MAX_DEFERRAL = 20
 
 
 def wall_clock_ms() -> int:
@@ -501,8 +502,9 @@ class Pipeline:
             "pool %s: loaded at sequence %d (snapshot %s, %d records after it; republished %d)",
             pool, seq, None if snapshot is None else snapshot.seq, tail, len(records) + len(needed),
         )  # fmt: skip
-        if tail >= self.snapshot_every:
-            self._snapshot(runtime)
+        # a long tail is snapshotted with the next decided input (as due), not here: dumping a large
+        # state would double the time before the pool decides again
+        runtime.since_snapshot = tail
         return runtime
 
     # ----- deciding ----------------------------------------------------------------------------
@@ -643,7 +645,9 @@ class Pipeline:
         self.stats.dead_letters += 1
 
     def _snapshot_due(self, runtime: PoolRuntime, since: int) -> bool:
-        return since >= self.snapshot_every and time.monotonic() >= runtime.snapshot_after
+        if since < self.snapshot_every:
+            return False
+        return time.monotonic() >= runtime.snapshot_after or since >= self.snapshot_every * _MAX_DEFERRAL
 
     def _dump(self, runtime: PoolRuntime, seq: int) -> Snapshot:
         """The state as a snapshot at ``seq``; paces the next one if dumping took long.
@@ -651,7 +655,8 @@ class Pipeline:
         Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
         dump that took ``t`` seconds of CPU (over ``_CHEAP_DUMP_SECONDS``), the next waits until
         ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
-        time. The log tail to replay on recovery grows accordingly (a few seconds of inputs).
+        time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every`` inputs, which bounds the
+        log tail to replay on recovery.
         """
         began = time.process_time()
         data = dump_state(runtime.state)
