@@ -347,6 +347,7 @@ class Pipeline:
             await self._decide_batch(runtime, todo, done)
 
     async def _decide_batch(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
+        """Step each input on the live state, append them all in one transaction, then publish."""
         state = runtime.state
         entries: list[BatchEntry] = []
         decided: list[_Item] = []
@@ -394,7 +395,7 @@ class Pipeline:
         if records or commands:
             runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands)))
         self.stats.decided += len(decided)
-        self.stats.batches += 1
+        self.stats.batches += 1 if entries else 0
         runtime.since_snapshot = since
         if snapshot is not None:
             self._snapshot(runtime, snapshot)

@@ -10,6 +10,7 @@ from gpuquota.adapters.event_store import BatchEntry, InMemoryEventStore, Transi
 from gpuquota.core import fingerprint, replay
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, SourceRecord
 from gpuquota.wire import events as ev
+from gpuquota.wire import inputs as inp
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import RunAttempt
 from tests.builders import Harness, job
@@ -235,3 +236,25 @@ async def test_a_batch_overlapping_what_another_writer_recorded_decides_only_the
     log = await store.read("p")
     assert [r.input for r in log] == inputs
     assert fingerprint(first.runtimes["p"].state) == fingerprint(replay(e for r in log for e in r.events))
+
+
+async def test_heartbeats_that_decide_nothing_are_not_recorded_in_a_batch() -> None:
+    inputs = busy_inputs()
+    node = next(m for m in inputs if isinstance(m, inp.RegisterNode)).node_id
+    at = inputs[-1].occurred_at
+    beats = [inp.NodeHeartbeat(event_id=f"hb{i}", occurred_at=at + i, node_id=node) for i in range(3)]
+    mixed = [*inputs[:8], beats[0], *inputs[8:10], beats[1], beats[2], *inputs[10:]]
+    store, publisher = CountingStore(), FakePublisher()
+    p = pipeline(store, publisher)
+
+    outcomes = await p.handle_batch(records(mixed))
+
+    quiet = {8, 11, 12}
+    assert [i for i, o in enumerate(outcomes) if o is Outcome.QUIET] == sorted(quiet)
+    assert all(o is Outcome.DECIDED for i, o in enumerate(outcomes) if i not in quiet)
+    assert [r.input for r in await store.read("p")] == inputs
+    assert store.batches == [len(inputs)]
+    assert await store.positions("p") == {(TOPIC, 0): len(mixed)}
+    assert (p.stats.quiet, p.stats.decided) == (3, len(inputs))
+    assert await p.handle_batch(records(beats, start=len(mixed))) == [Outcome.QUIET] * 3
+    assert p.stats.batches == 1
