@@ -654,14 +654,15 @@ class Pipeline:
         """The state as a snapshot at ``seq``; paces the next one if dumping took long.
 
         Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
-        dump that took ``t`` seconds of CPU (over ``_CHEAP_DUMP_SECONDS``), the next waits until
+        dump that took ``t`` seconds of this thread's CPU (over ``_CHEAP_DUMP_SECONDS``: a large
+        state, not a busy machine, since waiting for a CPU does not count), the next waits until
         ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
         time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every`` inputs, which bounds the
         log tail to replay on recovery.
         """
-        began = time.process_time()
+        began = time.thread_time()
         data = dump_state(runtime.state)
-        took = time.process_time() - began
+        took = time.thread_time() - began
         if took > _CHEAP_DUMP_SECONDS:
             runtime.snapshot_after = time.monotonic() + took / self.snapshot_cpu_share
         return Snapshot(seq=seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
