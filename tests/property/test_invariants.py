@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -39,6 +40,11 @@ from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import QuotaShareSpec, SlotOffer, Strategy
 from gpuquota.wire.events import EVENT_ADAPTER
 from tests.builders import G5, P4, Harness, ShareBuilder, job, share
+
+# Background threads left by other tests in the same session (Kafka clients, stack threads) may touch
+# the global ``random`` module while Hypothesis draws; it then warns, and warnings are errors here. The
+# machine itself never uses ``random`` (everything it draws comes from Hypothesis).
+pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 
 UNITS = (G5, P4)
 NODES: dict[str, dict[str, int]] = {
