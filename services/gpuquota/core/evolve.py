@@ -53,31 +53,28 @@ def _fenced(state: ClusterState, event: ev.AttemptFenced) -> None:
     pass
 
 
+def _put_resource(state: ClusterState, table: dict[str, Any], name: str, spec: Any, status: str) -> None:
+    """A resource's new spec (or its removal); every resource change bumps ``config_version``."""
+    state.put("config_version", state.config_version + 1)
+    if status == "DELETED":
+        state.dict_pop(table, name)
+    else:
+        state.dict_set(table, name, spec)
+
+
 @_handles(ev.SchedulingPolicyChanged)
 def _policy(state: ClusterState, event: ev.SchedulingPolicyChanged) -> None:
-    state.put("config_version", state.config_version + 1)
-    if event.status == "DELETED":
-        state.dict_pop(state.policies, event.spec.name)
-    else:
-        state.dict_set(state.policies, event.spec.name, event.spec)
+    _put_resource(state, state.policies, event.spec.name, event.spec, event.status)
 
 
 @_handles(ev.ServiceEnvironmentChanged)
 def _environment(state: ClusterState, event: ev.ServiceEnvironmentChanged) -> None:
-    state.put("config_version", state.config_version + 1)
-    if event.status == "DELETED":
-        state.dict_pop(state.environments, event.spec.name)
-    else:
-        state.dict_set(state.environments, event.spec.name, event.spec)
+    _put_resource(state, state.environments, event.spec.name, event.spec, event.status)
 
 
 @_handles(ev.JobQueueChanged)
 def _queue(state: ClusterState, event: ev.JobQueueChanged) -> None:
-    state.put("config_version", state.config_version + 1)
-    if event.status == "DELETED":
-        state.dict_pop(state.queues, event.spec.name)
-    else:
-        state.dict_set(state.queues, event.spec.name, event.spec)
+    _put_resource(state, state.queues, event.spec.name, event.spec, event.status)
 
 
 @_handles(ev.QuotaShareChanged)
