@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.core import ClusterState
 
-SNAPSHOT_SCHEMA_VERSION = 3
+SNAPSHOT_SCHEMA_VERSION = 4
 
 MAGIC = b"GPQSNAP"
 _HEADER = struct.Struct(">7sH")  # magic, version (unsigned 16 bit, big endian)

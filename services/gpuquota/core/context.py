@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from pydantic import BaseModel
+
 from gpuquota.core.evolve import evolve
 from gpuquota.core.state import ClusterState, ShareKey
 from gpuquota.wire import events as ev
@@ -17,6 +19,7 @@ from gpuquota.wire.base import JobStatus, Message
 from gpuquota.wire.events import SchedulerEvent
 
 E = TypeVar("E", bound=Message)
+M = TypeVar("M", bound=BaseModel)
 EventHook = Callable[[ClusterState, SchedulerEvent], None]
 """Called with each event just before it is applied (``step``): the state it changes, as it was."""
 
@@ -28,23 +31,45 @@ _RESOURCE_EVENTS = (
 )
 
 
-_DEFAULTS: dict[type[Any], dict[str, Any]] = {}
+_TEMPLATES: dict[type[Any], dict[str, Any] | None] = {}
+_set = object.__setattr__
 
 
-def _defaults(event_type: type[Any]) -> dict[str, Any]:
-    """The event type's plain default values (immutable here), so ``model_construct`` need not copy
-    them for every event: pydantic deep-copies defaults it fills in itself, enums included."""
-    defaults = _DEFAULTS.get(event_type)
-    if defaults is None:
-        defaults = {
-            name: field.default
-            for name, field in event_type.model_fields.items()
-            if field.default_factory is None
-            and not field.is_required()
-            and name not in ("event_id", "occurred_at")
-        }
-        _DEFAULTS[event_type] = defaults
-    return defaults
+def _template(event_type: type[Any]) -> dict[str, Any] | None:
+    """Every field of the event type in declaration order, with its default where it has one.
+
+    ``None`` when the type needs pydantic's own ``model_construct`` (default factories, aliases or a
+    post-init hook): the fast path below would skip them.
+    """
+    if event_type not in _TEMPLATES:
+        fields = event_type.model_fields
+        plain = not event_type.__pydantic_post_init__ and all(
+            f.default_factory is None and f.alias is None and f.validation_alias is None
+            for f in fields.values()
+        )
+        _TEMPLATES[event_type] = (
+            {name: None if f.is_required() else f.default for name, f in fields.items()} if plain else None
+        )
+    return _TEMPLATES[event_type]
+
+
+def construct(event_type: type[M], fields: dict[str, Any]) -> M:
+    """``event_type.model_construct(**fields)`` for trusted values, without its per-field work.
+
+    Defaults are shared, not copied: event defaults are immutable (strings, numbers, enums, None).
+    ``fields`` must name every required field; the tests round-trip every event type through JSON.
+    """
+    template = _template(event_type)
+    if template is None:
+        return event_type.model_construct(**fields)
+    values = template.copy()
+    values.update(fields)
+    event = event_type.__new__(event_type)
+    _set(event, "__dict__", values)
+    _set(event, "__pydantic_fields_set__", set(values))
+    _set(event, "__pydantic_extra__", None)
+    _set(event, "__pydantic_private__", None)
+    return event
 
 
 class Context:
@@ -65,14 +90,9 @@ class Context:
         """Create the event (ids derive from the input's id: ``<input id>/<n>``), apply it, keep it."""
         # The core builds events from validated inputs and its own state, so they skip validation
         # (the tests round-trip every event type through JSON to keep this honest).
-        event = cast(
-            E,
-            event_type.model_construct(
-                event_id=f"{self.input_id}/{len(self.events)}",
-                occurred_at=self.now,
-                **{**_defaults(event_type), **fields},
-            ),
-        )
+        fields["event_id"] = f"{self.input_id}/{len(self.events)}"
+        fields["occurred_at"] = self.now
+        event = construct(event_type, fields)
         recorded = cast(SchedulerEvent, event)
         key = self._touch(recorded)
         share = self.state.shares.get(key) if key is not None else None

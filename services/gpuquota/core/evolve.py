@@ -137,13 +137,14 @@ def _release(state: ClusterState, job: JobRecord) -> None:
         free = node.free[job.unit]
         before = len(free) if node.usable else 0
         for slot in placement.slots:
-            state.sorted_add(free, slot)
+            state.list_insort(free, slot)
         _reindex(state, node, job.unit, before)
         if node.usable:
             state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, len(placement.slots))
     _drop_victim(state, job)
     share = state.shares[job.share]
     state.dict_add(share.usage, job.unit, -job.count)
+    state.dict_add(state.queue_usage, (job.share[0], job.unit), -job.count)
     state.set_discard(state.child(share.dispatched, job.unit, set), job.job_id)
     if job.attempt_duration_seconds is not None and job.started_at is not None:
         deadline = job.started_at + job.attempt_duration_seconds * 1000
@@ -194,11 +195,12 @@ def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
         free = node.free[job.unit]
         before = len(free) if node.usable else 0
         for slot in placement.slots:
-            state.sorted_discard(free, slot)
+            state.list_remove(free, slot)
         _reindex(state, node, job.unit, before)
         state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, -len(placement.slots))
     share = state.shares[job.share]
     state.dict_add(share.usage, job.unit, job.count)
+    state.dict_add(state.queue_usage, (job.share[0], job.unit), job.count)
     state.set_add(state.child(share.dispatched, job.unit, set), job.job_id)
     state.put("dispatch_counter", state.dispatch_counter + 1)
     job.put("status", JobStatus.SCHEDULED)

@@ -92,11 +92,30 @@ def shares_of_environment(state: ClusterState, environment: str) -> list[ShareRe
     """The quota shares of every job queue attached to ``environment``."""
 
     def compute() -> list[ShareRecord]:
-        queues = {q.name for q in state.queues.values() if q.service_environment == environment}
+        queues = set(queues_of_environment(state, environment))
         return [share for key, share in state.shares.items() if key[0] in queues]
 
     shares: list[ShareRecord] = state.derived(("shares", environment), compute)
     return shares
+
+
+def reserve_shares_of_environment(state: ClusterState, environment: str) -> list[ShareRecord]:
+    """The RESERVE shares of ``environment``: the only ones with reserved idle capacity (S2.4)."""
+
+    def compute() -> list[ShareRecord]:
+        shares = shares_of_environment(state, environment)
+        return [s for s in shares if s.spec.strategy is Strategy.RESERVE]
+
+    shares: list[ShareRecord] = state.derived(("reserve-shares", environment), compute)
+    return shares
+
+
+def queues_of_environment(state: ClusterState, environment: str) -> list[str]:
+    def compute() -> list[str]:
+        return sorted(q.name for q in state.queues.values() if q.service_environment == environment)
+
+    queues: list[str] = state.derived(("queues", environment), compute)
+    return queues
 
 
 def reserved_idle(
@@ -112,7 +131,8 @@ def reserved_idle(
 
 def environment_usage(state: ClusterState, environment: str, unit: str) -> int:
     """Instances of ``unit`` held by the jobs of every share of ``environment`` (holds excluded)."""
-    return sum(s.usage.get(unit, 0) for s in shares_of_environment(state, environment))
+    usage = state.queue_usage
+    return sum(usage.get((queue, unit), 0) for queue in queues_of_environment(state, environment))
 
 
 def environment_limit(environment: ServiceEnvironmentSpec, unit: str) -> int:
@@ -138,9 +158,13 @@ def free_slots(state: ClusterState, pool: str, unit: str) -> int:
     return state.pool_free.get(pool, {}).get(unit, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Figures:
-    """The capacity figures that decide whether one job of one share fits, as of now."""
+    """The capacity figures that decide whether one job of one share fits, as of now.
+
+    Treat as immutable. Not ``frozen``: a frozen dataclass sets each of its fields through
+    ``object.__setattr__``, and the scheduling pass builds one for every head it tries.
+    """
 
     unit: str
     demand: int
@@ -217,7 +241,7 @@ class Ledger:
         self.state = state
         self.environment = environment
         self.shares = shares_of_environment(state, environment.name)
-        self.reserve_shares = [s for s in self.shares if s.spec.strategy is Strategy.RESERVE]
+        self.reserve_shares = reserve_shares_of_environment(state, environment.name)
         self._totals: dict[str, tuple[int, Totals]] = {}
 
     def totals(self, unit: str) -> Totals:
@@ -233,14 +257,14 @@ class Ledger:
                 # Slots freed by stopping victims are for their preemptor: others see them as taken.
                 claims += hold_slot_claim(state, hold)
         held = sum(held_by_share.values())
-        reserved = sum(
-            max(0, share_limit(s, unit) - s.usage.get(unit, 0) - held_by_share.get(s.key, 0))
-            for s in self.shares
-            if s.spec.strategy is Strategy.RESERVE
-        )
+        reserved = 0
+        for s in self.reserve_shares:
+            idle = s.limits.get(unit, 0) - s.usage.get(unit, 0) - held_by_share.get(s.key, 0)
+            if idle > 0:
+                reserved += idle
         totals = Totals(
             capacity=pool_capacity(state, self.environment, unit),
-            usage=sum(s.usage.get(unit, 0) for s in self.shares) + held,
+            usage=environment_usage(state, self.environment.name, unit) + held,
             reserved_idle=reserved,
             held=held,
             free_slots=free_slots(state, self.environment.pool, unit) - claims,
@@ -260,7 +284,7 @@ class Ledger:
 
     def in_quota(self, share: ShareRecord, unit: str, demand: int) -> bool:
         """S2.7 without building ``Figures`` (the scheduling pass asks this for every head)."""
-        held = self.totals(unit).held_by_share.get(share.key, 0)
+        held = self.totals(unit).held_by_share.get(share.key, 0) if self.state.holds else 0
         return share.usage.get(unit, 0) + held + demand <= share.limits.get(unit, 0)
 
     def figures(self, share: ShareRecord, unit: str, demand: int, exclude: str | None = None) -> Figures:

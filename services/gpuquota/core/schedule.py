@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from gpuquota.core.context import Context
+from gpuquota.core.context import Context, construct
 from gpuquota.core.preemption import cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
 from gpuquota.core.state import JobRecord, ShareRecord
@@ -50,12 +50,17 @@ def schedule(ctx: Context) -> None:
 def environments_in_order(ctx: Context) -> list[ServiceEnvironmentSpec]:
     """S1: environments sharing a pool are served in the order of their job queues' priority."""
     state = ctx.state
-    ranked = []
-    for queue in state.queues.values():
-        environment = state.environments.get(queue.service_environment)
-        if environment is not None:
-            ranked.append((-queue.priority, environment.name, environment))
-    return [environment for _, _, environment in sorted(ranked, key=lambda r: (r[0], r[1]))]
+
+    def compute() -> list[ServiceEnvironmentSpec]:
+        ranked = []
+        for queue in state.queues.values():
+            environment = state.environments.get(queue.service_environment)
+            if environment is not None:
+                ranked.append((-queue.priority, environment.name, environment))
+        return [environment for _, _, environment in sorted(ranked, key=lambda r: (r[0], r[1]))]
+
+    environments: list[ServiceEnvironmentSpec] = state.derived(("environments-in-order", ""), compute)
+    return environments
 
 
 class EnvironmentPass:
@@ -64,8 +69,7 @@ class EnvironmentPass:
         self.state = ctx.state
         self.environment = environment
         self.ledger = Ledger(ctx.state, environment)
-        self.shares = [s for s in self.ledger.shares if not s.deleting]
-        self.backfill = self._backfill_enabled()
+        self.shares, self.backfill = ctx.state.derived(("pass", environment.name), self._setup)
         # Only heads of units the input touched can change (units are independent); backfill looks
         # past heads, so it revisits every unit.
         self.units: set[str] | None = None if self.backfill else ctx.dirty  # live: grows as heads change
@@ -80,10 +84,13 @@ class EnvironmentPass:
     def in_scope(self, unit: str) -> bool:
         return self.units is None or unit in self.units
 
-    def _backfill_enabled(self) -> bool:
+    def _setup(self) -> tuple[list[ShareRecord], bool]:
+        """What a pass over this environment needs of the configuration (cached until it changes):
+        its live shares, and whether its policy enables backfill."""
+        shares = [s for s in self.ledger.shares if not s.deleting]
         queues = [q for q in self.state.queues.values() if q.service_environment == self.environment.name]
         policy = self.state.policies.get(queues[0].scheduling_policy) if queues else None
-        return policy is not None and policy.backfill
+        return shares, policy is not None and policy.backfill
 
     def run(self) -> None:
         # 0. Holds whose victims are gone: dispatch the preemptor, or let it compete again.
@@ -306,8 +313,9 @@ def place(ctx: Context, pool: str, unit: str, count: int) -> tuple[Placement, ..
         free = node.free[unit]
         take = min(remaining, len(free))
         slots = tuple(free[:take])
-        gpus = tuple(g for slot in slots for g in node.slots[slot].gpus)
-        placements.append(Placement(node_id=node_id, slots=slots, gpus=gpus))
+        offers = node.slots
+        gpus = tuple(g for slot in slots for g in offers[slot].gpus) if take > 1 else offers[slots[0]].gpus
+        placements.append(construct(Placement, {"node_id": node_id, "slots": slots, "gpus": gpus}))
         remaining -= take
         if remaining == 0:
             return tuple(placements)

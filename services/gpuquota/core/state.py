@@ -18,6 +18,7 @@ Invariant: nothing outside ``gpuquota.core.evolve`` mutates a ``ClusterState``.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -224,9 +225,10 @@ class NodeRecord(Mutable):
         self.online = True
         self.draining = False
         self.last_heartbeat = at
-        self.free: dict[str, SortedList[int]] = {}
+        self.free: dict[str, list[int]] = {}
+        """Per unit: indexes of the free slots, ascending (a plain list: a node has a handful)."""
         for index, slot in enumerate(slots):
-            self.free.setdefault(slot.unit, SortedList()).add(index)
+            self.free.setdefault(slot.unit, []).append(index)
 
     @property
     def usable(self) -> bool:
@@ -252,6 +254,8 @@ class ClusterState:
         """Per pool and unit: slots on online, non-draining nodes."""
         self.pool_free: dict[str, dict[str, int]] = {}
         """Per pool and unit: free slots on online, non-draining nodes."""
+        self.queue_usage: dict[tuple[str, str], int] = {}
+        """Per (job queue, unit): instances held by the queue's dispatched jobs (its shares' usage)."""
         self.free_index: dict[tuple[str, str], SortedList[tuple[int, str]]] = {}
         """Per (pool, unit): (free slots, node id) of usable nodes with a free slot, for placement (S6)."""
         self.dispatch_counter = 0
@@ -315,7 +319,7 @@ class ClusterState:
         if key in mapping:
             self._record(mapping.__setitem__, key, mapping.pop(key))
 
-    def dict_add(self, mapping: dict[str, int], key: str, delta: int) -> None:
+    def dict_add(self, mapping: dict[Any, int], key: Any, delta: int) -> None:
         self.dict_set(mapping, key, mapping.get(key, 0) + delta)
 
     def set_add(self, items: set[Any], item: Any) -> None:
@@ -333,9 +337,20 @@ class ClusterState:
         items.add(item)
 
     def sorted_discard(self, items: SortedList[Any], item: Any) -> None:
-        if item in items:
-            self._record(items.add, item)
+        try:
             items.remove(item)
+        except ValueError:
+            return
+        self._record(items.add, item)
+
+    def list_insort(self, items: list[Any], item: Any) -> None:
+        """Insert into a plain sorted list (small ones, where ``SortedList`` costs more than it saves)."""
+        self._record(items.remove, item)
+        insort(items, item)
+
+    def list_remove(self, items: list[Any], item: Any) -> None:
+        items.remove(item)
+        self._record(insort, items, item)
 
     # ----- read helpers ------------------------------------------------------------------------
 
@@ -413,6 +428,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
         tuple(state.deadlines),
         sorted((p, sorted(c.items())) for p, c in state.pool_slots.items()),
         sorted((p, sorted(c.items())) for p, c in state.pool_free.items()),
+        sorted((k, v) for k, v in state.queue_usage.items() if v),
         sorted((k, tuple(v)) for k, v in state.free_index.items()),
         state.dispatch_counter,
         state.applied,
