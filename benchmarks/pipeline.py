@@ -10,7 +10,11 @@ watches ``gpuquota.job-state``. Reported:
   ``JobDispatched`` record is read here (wall clock of this process);
 * ``lost_jobs``: submitted jobs never seen SCHEDULED (the run ends when all are, or when no dispatch
   came for ``--drain`` seconds);
-* ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job.
+* ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job;
+* ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler;
+* with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
+  and ``dispatch_gaps_ms``, the longest pauses between consecutive dispatches (with the second of the
+  run they began in): a stall shows as one window's p99 and one long gap.
 
 ``--recovery EVENTS``: decides about ``EVENTS`` submissions into a pool's log through the scheduler's
 ``Pipeline`` (no Kafka; in batches of ``POPULATE_BATCH`` records, as the agent hands them over), then
@@ -25,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -226,7 +232,7 @@ async def _observe(kafka: str, topics: KafkaTopics, watch: Watch) -> None:
         await consumer.stop()
 
 
-async def throughput(rate: float, seconds: float, drain: float) -> dict[str, Any]:
+async def throughput(rate: float, seconds: float, drain: float, windows: float = 0.0) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     topics, pool = KafkaTopics(f"bench-{run}."), f"bench-{run}"
     workdir = Path(tempfile.mkdtemp(prefix="gpuquota-bench."))
@@ -281,10 +287,17 @@ async def throughput(rate: float, seconds: float, drain: float) -> dict[str, Any
                 scheduler.kill()
                 await scheduler.wait()
     shutil.rmtree(workdir, ignore_errors=True)
-    return _summary(watch, rate, seconds)
+    summary = _summary(watch, rate, seconds, windows)
+    jobs = max(1, len(watch.submitted))
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary["cpu_ms_per_job"] = {
+        "client": round((own.ru_utime + own.ru_stime) * 1000 / jobs, 3),
+        "scheduler": round((children.ru_utime + children.ru_stime) * 1000 / jobs, 3),
+    }  # the scheduler is the only child process waited for (without infrastructure started here)
+    return summary
 
 
-def _summary(watch: Watch, rate: float, seconds: float) -> dict[str, Any]:
+def _summary(watch: Watch, rate: float, seconds: float, windows: float = 0.0) -> dict[str, Any]:
     latencies = sorted(
         (watch.scheduled[j] - t) * 1000 for j, t in watch.submitted.items() if j in watch.scheduled
     )
@@ -299,6 +312,22 @@ def _summary(watch: Watch, rate: float, seconds: float) -> dict[str, Any]:
         "submit_to_scheduled_p99_ms": round(_quantile(latencies, 0.99), 1),
         "lost_jobs": sum(1 for j in watch.submitted if j not in watch.scheduled),
         "duplicate_dispatches": sum(len(ids) - 1 for ids in watch.dispatch_ids.values()),
+        **(_windows(watch, windows) if windows > 0 else {}),
+    }
+
+
+def _windows(watch: Watch, width: float) -> dict[str, Any]:
+    """Where the latency comes from: p99 per submission window, and the longest dispatch gaps."""
+    by_window: dict[int, list[float]] = {}
+    for job, at in watch.submitted.items():
+        if job in watch.scheduled:
+            index = int((at - watch.first_submit) // width)
+            by_window.setdefault(index, []).append((watch.scheduled[job] - at) * 1000)
+    dispatched = sorted(watch.scheduled.values())
+    gaps = sorted(((b - a) * 1000, a - watch.first_submit) for a, b in itertools.pairwise(dispatched))[-5:]
+    return {
+        "window_p99_ms": [round(_quantile(sorted(v), 0.99)) for _, v in sorted(by_window.items())],
+        "dispatch_gaps_ms": [[round(gap), round(at, 1)] for gap, at in reversed(gaps)],
     }
 
 
@@ -390,12 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=10.0, help="end after this long without a dispatch")
     parser.add_argument("--recovery", type=int, metavar="EVENTS", help="measure recovery over EVENTS events")
     parser.add_argument("--snapshot-every", type=int, default=1000, help="snapshot period (--recovery)")
+    parser.add_argument("--windows", type=float, default=0.0, metavar="W", help="p99 per W-second window")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.recovery is not None:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
     else:
-        result = asyncio.run(throughput(args.rate, args.seconds, args.drain))
+        result = asyncio.run(throughput(args.rate, args.seconds, args.drain, args.windows))
     if args.json:
         print(json.dumps(result))
     else:

@@ -16,6 +16,9 @@
 #   KAFKA_READY_TIMEOUT  seconds to wait for the broker to accept produce requests (default 60)
 #   KAFKA_STOP_TIMEOUT   seconds to wait for a clean shutdown before SIGKILL (default 30)
 #   KAFKA_HEAP_OPTS      default "-Xms512m -Xmx1g"
+#   KAFKA_GC_OPTS        default "-XX:+UseSerialGC"; GC pauses are logged to $KAFKA_RUN_DIR/logs/gc.log
+#   KAFKA_JIT_OPTS       default "-XX:TieredStopAtLevel=1" (C1 only: starts fast, for tests); "" lets
+#                        C2 compile the hot paths (less CPU per record after warm-up: benchmarks)
 #
 # After a successful start, $KAFKA_RUN_DIR/bootstrap holds "127.0.0.1:PORT".
 set -euo pipefail
@@ -28,6 +31,8 @@ PYTHON="${KAFKA_PYTHON:-$ROOT/.venv/bin/python}"
 READY_TIMEOUT="${KAFKA_READY_TIMEOUT:-60}"
 STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
 HEAP="${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}"
+GC="${KAFKA_GC_OPTS:--XX:+UseSerialGC}"
+JIT="${KAFKA_JIT_OPTS--XX:TieredStopAtLevel=1}"
 
 log() { echo "kafka.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -184,7 +189,7 @@ print(c)')"
 
   # setsid: the broker gets no terminal signals (Ctrl-C); callers stop it through 'stop'.
   # shellcheck disable=SC2086
-  (exec setsid java $HEAP -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+  (exec setsid java $HEAP $GC -Xlog:gc:file="$RUN_DIR/logs/gc.log":uptime $JIT -Djava.awt.headless=true \
       -Dgpuquota.kafka.run="$RUN_DIR" "${logopts[@]}" -cp "$libs/*" \
       kafka.Kafka "$RUN_DIR/server.properties" </dev/null >"$RUN_DIR/logs/server.out" 2>&1) &
   pid=$!
