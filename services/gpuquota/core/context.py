@@ -23,12 +23,19 @@ M = TypeVar("M", bound=BaseModel)
 EventHook = Callable[[ClusterState, SchedulerEvent], None]
 """Called with each event just before it is applied (``step``): the state it changes, as it was."""
 
-_RESOURCE_EVENTS = (
-    ev.SchedulingPolicyChanged,
-    ev.ServiceEnvironmentChanged,
-    ev.JobQueueChanged,
-    ev.QuotaShareChanged,
-)
+# How an event touches units (``Context._touch``), by event type; every other event is about a job.
+_CONFIGURATION, _NEW_NODE, _OLD_NODE, _HOLD, _NEW_JOB, _BY_JOB = "config", "new", "old", "hold", "job", "by"
+_TOUCH_KIND: dict[type[Any], str] = {
+    ev.SchedulingPolicyChanged: _CONFIGURATION,
+    ev.ServiceEnvironmentChanged: _CONFIGURATION,
+    ev.JobQueueChanged: _CONFIGURATION,
+    ev.QuotaShareChanged: _CONFIGURATION,
+    ev.NodeRegistered: _NEW_NODE,
+    ev.NodeDraining: _OLD_NODE,
+    ev.NodeLost: _OLD_NODE,
+    ev.PreemptionHoldReleased: _HOLD,
+    ev.JobAccepted: _NEW_JOB,
+}
 
 
 _TEMPLATES: dict[type[Any], dict[str, Any] | None] = {}
@@ -117,18 +124,21 @@ class Context:
         matters only if it becomes its share's head, which ``emit`` checks after applying the event.
         """
         state, dirty = self.state, self.dirty
-        if isinstance(event, _RESOURCE_EVENTS):
+        kind = _TOUCH_KIND.get(type(event), _BY_JOB)
+        if kind == _CONFIGURATION:
             self.dirty = None
         elif dirty is None:
             pass
-        elif isinstance(event, ev.NodeRegistered):
-            dirty.update(slot.unit for slot in event.slots)
-        elif isinstance(event, ev.NodeDraining | ev.NodeLost):
-            dirty.update(slot.unit for slot in state.nodes[event.node_id].slots)
-        elif isinstance(event, ev.PreemptionHoldReleased):
-            dirty.add(state.holds[event.job_id].unit)
-        elif isinstance(event, ev.JobAccepted):
-            return (event.job.job_queue, event.job.quota_share)
+        elif kind == _NEW_NODE:
+            dirty.update(slot.unit for slot in cast(ev.NodeRegistered, event).slots)
+        elif kind == _OLD_NODE:
+            node_id = cast(ev.NodeDraining | ev.NodeLost, event).node_id
+            dirty.update(slot.unit for slot in state.nodes[node_id].slots)
+        elif kind == _HOLD:
+            dirty.add(state.holds[cast(ev.PreemptionHoldReleased, event).job_id].unit)
+        elif kind == _NEW_JOB:
+            job_spec = cast(ev.JobAccepted, event).job
+            return (job_spec.job_queue, job_spec.quota_share)
         else:
             job_id = getattr(event, "job_id", None)
             job = state.jobs.get(job_id) if job_id is not None else None

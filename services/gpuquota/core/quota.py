@@ -144,13 +144,28 @@ def environment_limit(environment: ServiceEnvironmentSpec, unit: str) -> int:
 
 def pool_capacity(state: ClusterState, environment: ServiceEnvironmentSpec, unit: str) -> int:
     """C(e,u) (S2.1): the SE's limit, bounded by the pool's usable slots less other SEs' usage."""
-    others = sum(
-        environment_usage(state, e.name, unit)
-        for e in state.environments.values()
-        if e.pool == environment.pool and e.name != environment.name
-    )
+    neighbours, limits = _pool_layout(state, environment)
+    others = sum(environment_usage(state, name, unit) for name in neighbours) if neighbours else 0
     slots = state.pool_slots.get(environment.pool, {}).get(unit, 0)
-    return max(0, min(environment_limit(environment, unit), slots - others))
+    return max(0, min(limits.get(unit, 0), slots - others))
+
+
+def _pool_layout(
+    state: ClusterState, environment: ServiceEnvironmentSpec
+) -> tuple[list[str], dict[str, int]]:
+    """The other environments of the environment's pool, and its limit per unit (cached)."""
+
+    def compute() -> tuple[list[str], dict[str, int]]:
+        neighbours = sorted(
+            e.name
+            for e in state.environments.values()
+            if e.pool == environment.pool and e.name != environment.name
+        )
+        limits = {cap.unit: environment_limit(environment, cap.unit) for cap in environment.capacity_limits}
+        return neighbours, limits
+
+    layout: tuple[list[str], dict[str, int]] = state.derived(("pool-layout", environment.name), compute)
+    return layout
 
 
 def free_slots(state: ClusterState, pool: str, unit: str) -> int:
@@ -216,9 +231,9 @@ def figures_for(
     return Ledger(state, environment).figures(share, unit, demand, exclude)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Totals:
-    """Environment-wide figures for one unit, holds included."""
+    """Environment-wide figures for one unit, holds included (treat as immutable, like ``Figures``)."""
 
     capacity: int
     usage: int
