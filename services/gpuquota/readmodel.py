@@ -45,6 +45,9 @@ HISTORY = 64
 ShareKey = tuple[str, str]
 RunnableKey = tuple[int, int, str]
 
+_HANDLERS: dict[str, str] = {}
+"""Event type -> the name of its ``ReadModel._on_*`` method (built once per type, not per event)."""
+
 
 @dataclass
 class ResourceView(Generic[S]):
@@ -57,7 +60,7 @@ class ResourceView(Generic[S]):
     """While pending: the view before that command, restored if the command is rejected."""
 
 
-@dataclass
+@dataclass(slots=True)
 class AttemptView:
     attempt_id: str
     arn: str
@@ -77,7 +80,7 @@ class AttemptView:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class JobView:
     spec: JobSpec
     status: JobStatus = JobStatus.SUBMITTED
@@ -138,8 +141,12 @@ class ReadModel:
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
-        self.last_event_at = max(self.last_event_at, event.occurred_at)
-        handler = getattr(self, f"_on_{event.type}", None)
+        if event.occurred_at > self.last_event_at:
+            self.last_event_at = event.occurred_at
+        name = _HANDLERS.get(event.type)
+        if name is None:
+            name = _HANDLERS[event.type] = f"_on_{event.type}"
+        handler = getattr(self, name, None)
         if handler is None:
             return
         job_id = event.job.job_id if isinstance(event, ev.JobAccepted) else getattr(event, "job_id", None)
@@ -206,7 +213,10 @@ class ReadModel:
         self._enqueue(job)
 
     def _enqueue(self, job: JobView) -> None:
-        self.runnable.setdefault(job.share, SortedList()).add(job.runnable_key)
+        queue = self.runnable.get(job.share)
+        if queue is None:
+            queue = self.runnable[job.share] = SortedList()
+        queue.add(job.runnable_key)
 
     def _dequeue(self, job: JobView) -> None:
         queue = self.runnable.get(job.share)

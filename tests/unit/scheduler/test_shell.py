@@ -327,3 +327,31 @@ async def test_a_failed_batch_is_redone_one_input_at_a_time() -> None:
     assert "d" not in shell.state.jobs and "e" in shell.state.jobs and "d" not in shell.read_model.jobs
     assert fingerprint(shell.state) == await rebuilt(store)
     assert shell.seq == await store.last_seq("default")
+
+
+async def test_an_input_that_fails_in_the_core_fails_alone(monkeypatch: Any) -> None:
+    """The batch steps inputs on the live state: one that raises half-way (here: after its events were
+    applied) is answered with the error and leaves no trace; the rest of its batch is decided as usual."""
+    import gpuquota.scheduler.shell as shell_module
+
+    store = CountingStore()
+    shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
+    await setup(shell)
+    bad = shell.make(inp.SubmitJob, job=job("bad"))
+    real_step = shell_module.step
+
+    def failing_step(state: Any, message: SchedulerInput, before: Any = None) -> list[ev.SchedulerEvent]:
+        events = real_step(state, message, before)
+        if message.event_id == bad.event_id:
+            raise RuntimeError("a bug in the core")
+        return events
+
+    monkeypatch.setattr(shell_module, "step", failing_step)
+    messages = [shell.make(inp.SubmitJob, job=job("a")), bad, shell.make(inp.SubmitJob, job=job("b"))]
+    outcomes = await asyncio.gather(*(shell.handle(m) for m in messages), return_exceptions=True)
+    assert isinstance(outcomes[1], RuntimeError)
+    assert isinstance(outcomes[0], list) and outcomes[0] and isinstance(outcomes[2], list) and outcomes[2]
+    assert store.batches[-1] == 2  # one batch, without the failed input
+    assert "bad" not in shell.state.jobs and "bad" not in shell.read_model.jobs
+    assert "a" in shell.state.jobs and "b" in shell.state.jobs
+    assert fingerprint(shell.state) == await rebuilt(store)
