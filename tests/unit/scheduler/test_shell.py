@@ -338,7 +338,7 @@ async def test_an_input_that_fails_in_the_core_fails_alone(monkeypatch: Any) -> 
     shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
     await setup(shell)
     bad = shell.make(inp.SubmitJob, job=job("bad"))
-    real_step = shell_module.step
+    from gpuquota.core import step as real_step
 
     def failing_step(state: Any, message: SchedulerInput, before: Any = None) -> list[ev.SchedulerEvent]:
         events = real_step(state, message, before)
