@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Coroutine, MutableMapping, Sequence
@@ -38,12 +39,20 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+from aiokafka.partitioner import murmur2
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
 from gpuquota.adapters.event_store import EventStore, TransientStoreError
-from gpuquota.adapters.kafka import KafkaTopics, bootstrap_list, encode, ensure_topics, message_headers
+from gpuquota.adapters.kafka import (
+    Headers,
+    KafkaTopics,
+    bootstrap_list,
+    encode,
+    ensure_topics,
+    message_headers,
+)
 from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineFailed, SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
@@ -226,6 +235,17 @@ def _take_buffered(stream: faust.StreamT[bytes], most: int) -> list[EventT[bytes
     return taken
 
 
+_PUBLISH_BATCH_BYTES = 512 * 1024
+"""Most bytes in one produced batch (aiokafka's default: 16 KiB; the broker takes up to 1 MiB)."""
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _partition(key: bytes, partitions: int) -> int:
+    """The partition aiokafka's default partitioner picks for ``key`` (murmur2, as Java's)."""
+    digest: int = murmur2(key)
+    return (digest & 0x7FFFFFFF) % partitions
+
+
 def job_id_of(event: ev.SchedulerEvent) -> str:
     if isinstance(event, ev.JobAccepted):
         return event.job.job_id
@@ -234,7 +254,15 @@ def job_id_of(event: ev.SchedulerEvent) -> str:
 
 
 class FaustPublisher:
-    """``Publisher`` through the faust app's producer."""
+    """``Publisher`` through the faust app's producer: one record batch per partition and call.
+
+    Handing records over one ``send`` at a time cost about 15 % of the scheduler's CPU at 1,000 jobs/s
+    (each send waits on metadata, picks its partition with a pure-Python murmur2 and returns a future
+    to watch). Instead a call's records are appended, in order, to one aiokafka ``BatchBuilder`` per
+    partition (another when one is full) and each is handed over with ``send_batch``: one delivery
+    future per batch. The partition is the default partitioner's (murmur2 of the key, cached per key),
+    so each key's records land where ``send`` would have put them, in the same order.
+    """
 
     def __init__(self, app: faust.App, topics: KafkaTopics) -> None:
         self.app = app
@@ -243,19 +271,36 @@ class FaustPublisher:
     async def publish(
         self, records: Sequence[JobStateRecord], commands: Sequence[NodeCommand]
     ) -> list[Awaitable[object]]:
-        producer = self.app.producer
-        deliveries: list[Awaitable[object]] = []
+        producer = cast(Any, self.app.producer)._ensure_producer()
+        counts = {
+            topic: len(await producer.partitions_for(topic))
+            for topic, wanted in ((self.topics.node_commands, commands), (self.topics.job_state, records))
+            if wanted
+        }
+        batches: dict[tuple[str, int], list[Any]] = {}
+
+        def add(topic: str, key: bytes, value: bytes, headers: Headers) -> None:
+            builders = batches.setdefault((topic, _partition(key, counts[topic])), [])
+            record = {"timestamp": None, "key": key, "value": value, "headers": headers}
+            if builders and builders[-1].append(**record) is not None:
+                return
+            builders.append(producer.create_batch())  # the first, or the last is full
+            if builders[-1].append(**record) is None:
+                raise ValueError(f"a record of {len(value)} bytes does not fit in a batch")
+
         for command in commands:
-            key, value = command.node_id.encode(), encode(command)
-            headers = message_headers(command)
-            deliveries.append(await producer.send(self.topics.node_commands, key, value, None, None, headers))
+            value = encode(command)
+            add(self.topics.node_commands, command.node_id.encode(), value, message_headers(command))
         for record in records:
             headers = message_headers(record.event)
             if record.share is not None:
                 queue, share = record.share
                 headers += [("job_queue", queue.encode()), ("quota_share", share.encode())]
-            key, value = job_id_of(record.event).encode(), encode(record.event)
-            deliveries.append(await producer.send(self.topics.job_state, key, value, None, None, headers))
+            add(self.topics.job_state, job_id_of(record.event).encode(), encode(record.event), headers)
+        deliveries: list[Awaitable[object]] = []
+        for (topic, partition), builders in batches.items():
+            for builder in builders:
+                deliveries.append(await producer.send_batch(builder, topic, partition=partition))
         return deliveries
 
     async def dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
@@ -332,6 +377,9 @@ class SchedulerService:
             broker_heartbeat_interval=min(3.0, cfg.session_timeout / 4),
             producer_acks=-1,
             producer_linger=0.002,  # batch the publications of consecutive inputs
+            # a batch per partition and publish call (FaustPublisher): a second batch of a partition
+            # waits until the first is drained to the sender
+            producer_max_batch_size=_PUBLISH_BATCH_BYTES,
             loop=asyncio.get_running_loop(),
         )
         app.fetch_max_wait_ms = max(1, round(cfg.fetch_max_wait * 1000))
