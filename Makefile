@@ -12,12 +12,14 @@ PYTEST_ARGS ?=
 MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
 LINT_PATHS := $(wildcard services tests benchmarks)
 
-.PHONY: help install test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
+.PHONY: help install native test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
 help:
 	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' (skipped when up to date)"
+	@echo "make native        compile the scheduling core with mypyc (docs/configuration.md; skipped when current)"
 	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
-	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started"
+	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
+	@echo "                   again on the Python core (GPUQUOTA_PURE_PYTHON=1)"
 	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo)"
 	@echo "make kafka-start   start a local broker (deploy/local/kafka.sh); kafka-stop / kafka-status"
@@ -32,8 +34,15 @@ $(STAMP):
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-test: install
+# Without a C compiler the Python core runs (same decisions, slower); CI checks the compiled one is used.
+native: install
+	$(BIN)/python -m gpuquota.build_native || echo "make native: failed, the Python core will run" >&2
+
+CORE_TESTS := tests/unit/core tests/property tests/unit/test_snapshots.py
+
+test: native
 	bash deploy/local/test-stack.sh $(PYTEST_ARGS)
+	GPUQUOTA_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider $(CORE_TESTS)
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -47,7 +56,7 @@ lint: install
 		echo "schema drift check skipped: services/gpuquota/wire/export.py does not exist yet"; \
 	fi
 
-demo: install
+demo: native
 	$(BIN)/gpuquota demo
 
 kafka-start: install

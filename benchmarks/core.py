@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuquota import _native
 from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -235,6 +236,7 @@ def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "decide
         "fill_seconds": round(fill_seconds, 1),
         "events": dict(sorted(driver.counts.items())),
         "python": sys.version.split()[0],
+        "core": _native.core_mode(),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuquota import _native
 from gpuquota.adapters import snapshots
 from gpuquota.adapters.snapshots import SnapshotError, SnapshotVersionMismatch, dump_state, load_state
 from gpuquota.core import fingerprint
@@ -48,6 +49,15 @@ def test_another_schema_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(snapshots, "SNAPSHOT_SCHEMA_VERSION", snapshots.SNAPSHOT_SCHEMA_VERSION + 1)
 
     with pytest.raises(SnapshotVersionMismatch, match="rebuild the state from the log"):
+        load_state(data)
+
+
+def test_a_snapshot_of_the_other_kind_of_core_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = dump_state(busy_cluster().state)
+    other = "python (forced)" if _native.core_mode() == "compiled" else "compiled"
+    monkeypatch.setattr(_native, "_mode", other)
+
+    with pytest.raises(SnapshotVersionMismatch, match="core: ignore the snapshot and rebuild"):
         load_state(data)
 
 

@@ -18,10 +18,16 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gpuquota import _native
 from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.core import ClusterState
 
 SNAPSHOT_SCHEMA_VERSION = 4
+
+COMPILED_FLAG = 0x8000
+"""Set in the header's version by the compiled core (``gpuquota._native``): mypyc's classes pickle
+their attributes differently, so each kind of core reads only its own snapshots (the other kind
+rebuilds from the log, as after any version change)."""
 
 MAGIC = b"GPQSNAP"
 _HEADER = struct.Struct(">7sH")  # magic, version (unsigned 16 bit, big endian)
@@ -52,7 +58,7 @@ def dump_state(state: ClusterState) -> bytes:
     """The state as snapshot bytes. Call it between inputs, never inside a ``decide`` trial."""
     if state.journal_cell[0] is not None:
         raise SnapshotError("cannot snapshot a state while a decide trial is open")
-    header = _HEADER.pack(MAGIC, SNAPSHOT_SCHEMA_VERSION)
+    header = _HEADER.pack(MAGIC, _this_version())
     with _collector_paused():
         return header + pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -67,12 +73,21 @@ def snapshot_version(data: bytes) -> int:
     return int(version)
 
 
+def _this_version() -> int:
+    return SNAPSHOT_SCHEMA_VERSION | (COMPILED_FLAG if _native.core_mode() == "compiled" else 0)
+
+
+def _describe(version: int) -> str:
+    kind = "compiled" if version & COMPILED_FLAG else "Python"
+    return f"schema version {version & ~COMPILED_FLAG} of the {kind} core"
+
+
 def load_state(data: bytes) -> ClusterState:
-    """The state saved by ``dump_state``; refuses snapshots of another schema version."""
+    """The state saved by ``dump_state``; refuses snapshots of another schema version or core kind."""
     version = snapshot_version(data)
-    if version != SNAPSHOT_SCHEMA_VERSION:
+    if version != _this_version():
         raise SnapshotVersionMismatch(
-            f"snapshot schema version {version}, this code reads {SNAPSHOT_SCHEMA_VERSION}: "
+            f"snapshot of {_describe(version)}, this process reads {_describe(_this_version())}: "
             "ignore the snapshot and rebuild the state from the log"
         )
     with _collector_paused():

@@ -34,7 +34,18 @@ from gpuquota.wire.base import (
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
     SlotOffer,
+    Strategy,
 )
+
+_UNPICKLING_JOB = JobSpec.model_construct(
+    job_id="", job_name="", job_queue="", quota_share="", unit="", created_at=0
+)
+_UNPICKLING_SHARE = QuotaShareSpec.model_construct(
+    name="", job_queue="", capacity_limits=(), strategy=Strategy.RESERVE
+)
+"""Placeholders for constructors called without arguments. Every record's constructor can be: the
+compiled core (``gpuquota._native``) runs ``__init__`` when pickle rebuilds an object (snapshots),
+and the pickled attributes then replace what it set."""
 
 QueueKey = tuple[int, int, str]
 """A RUNNABLE job's place in its share: (-priority, created_at, job_id); smallest runs first (S3.1)."""
@@ -65,8 +76,8 @@ class Mutable:
 
     __slots__ = ("_journal",)
 
-    def __init__(self, journal: list[Journal | None]) -> None:
-        self._journal = journal
+    def __init__(self, journal: list[Journal | None] | None = None) -> None:
+        self._journal: list[Journal | None] = [None] if journal is None else journal
 
     def put(self, name: str, value: Any) -> None:
         journal = self._journal[0]
@@ -109,7 +120,9 @@ class JobRecord(Mutable):
         "unit",
     )
 
-    def __init__(self, journal: list[Journal | None], spec: JobSpec, at: int) -> None:
+    def __init__(
+        self, journal: list[Journal | None] | None = None, spec: JobSpec = _UNPICKLING_JOB, at: int = 0
+    ) -> None:
         super().__init__(journal)
         self.job_id = spec.job_id
         self.job_name = spec.job_name
@@ -155,7 +168,7 @@ class StopInfo:
 
     __slots__ = ("cause", "preemptor", "reason")
 
-    def __init__(self, cause: str, reason: str, preemptor: str | None = None) -> None:
+    def __init__(self, cause: str = "", reason: str = "", preemptor: str | None = None) -> None:
         self.cause = cause  # PREEMPTED | TERMINATED | TIMEOUT | SHARE_DELETED
         self.reason = reason
         self.preemptor = preemptor
@@ -174,7 +187,9 @@ class ShareRecord(Mutable):
         "victims",
     )
 
-    def __init__(self, journal: list[Journal | None], spec: QuotaShareSpec) -> None:
+    def __init__(
+        self, journal: list[Journal | None] | None = None, spec: QuotaShareSpec = _UNPICKLING_SHARE
+    ) -> None:
         super().__init__(journal)
         self.spec = spec
         self.key: ShareKey = (spec.job_queue, spec.name)
@@ -203,7 +218,9 @@ class Hold:
 
     __slots__ = ("count", "job_id", "se", "share", "unit", "victims")
 
-    def __init__(self, job_id: str, se: str, share: ShareKey, unit: str, count: int) -> None:
+    def __init__(
+        self, job_id: str = "", se: str = "", share: ShareKey = ("", ""), unit: str = "", count: int = 0
+    ) -> None:
         self.job_id = job_id
         self.se = se
         self.share = share
@@ -216,7 +233,12 @@ class NodeRecord(Mutable):
     __slots__ = ("draining", "free", "last_heartbeat", "node_id", "online", "pool", "slots")
 
     def __init__(
-        self, journal: list[Journal | None], node_id: str, pool: str, slots: tuple[SlotOffer, ...], at: int
+        self,
+        journal: list[Journal | None] | None = None,
+        node_id: str = "",
+        pool: str = "",
+        slots: tuple[SlotOffer, ...] = (),
+        at: int = 0,
     ):
         super().__init__(journal)
         self.node_id = node_id
