@@ -81,6 +81,8 @@ FETCH_WAIT_MS = 20
 out the partitions whose records are being read parks on the idle ones, and every answer to a
 ``RunAttempt`` (so every slot's next dispatch: 256 slots at 1,000 jobs/s must turn over within 256 ms)
 and every observed dispatch waited up to that long. A node agent reads only its own partition."""
+FETCH_MIN_BYTES = 64 * 1024
+"""A fetch waits (at most ``FETCH_WAIT_MS``) for this much: fewer fetches, less CPU for this process."""
 
 
 def now_ms() -> int:
@@ -209,6 +211,7 @@ async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AI
         bootstrap_servers=kafka,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=FETCH_WAIT_MS,
+        fetch_min_bytes=FETCH_MIN_BYTES,
     )
     await consumer.start()
     try:
@@ -235,6 +238,7 @@ async def _observe(kafka: str, topics: KafkaTopics, watch: Watch) -> None:
         bootstrap_servers=kafka,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=FETCH_WAIT_MS,
+        fetch_min_bytes=FETCH_MIN_BYTES,
     )
     await consumer.start()
     try:

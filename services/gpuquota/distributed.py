@@ -13,6 +13,7 @@ configured by ``GPUQUOTA_*`` variables (``gpuquota.settings``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -330,6 +331,19 @@ def run_scheduler(environ: dict[str, str] | None = None) -> int:
 
     async def main() -> int:
         service = SchedulerService(config)
-        return await serve(service.start, service.stop, "gpuquota scheduler ready", service.wait())
 
+        async def start() -> None:
+            await service.start()
+            gc.freeze()  # what start-up built (modules, faust, aiokafka) is never garbage
+
+        return await serve(start, service.stop, "gpuquota scheduler ready", service.wait())
+
+    gc.set_threshold(*SCHEDULER_GC_THRESHOLDS)
     return asyncio.run(main())
+
+
+SCHEDULER_GC_THRESHOLDS = (20_000, 10, 10)
+"""``gpuquota scheduler``'s garbage collector. With Python's defaults (700, 10, 10) a full collection ran
+every 3-4 s at 1,000 jobs/s and found nothing, but held the event loop for 45-180 ms each time (walking
+faust's, aiokafka's and pydantic's objects): about 3 % of the time, and each pause was added to the
+latency of every input waiting meanwhile. Start-up's objects are frozen out of the collections."""

@@ -91,6 +91,10 @@ class SchedulerConfig:
     """Seconds a batch may wait for more records after the previous one (see ``batches``)."""
     fetch_max_wait: float = 0.02
     """Seconds the broker may hold a fetch of the inputs waiting for data (faust's own: 1.5 s)."""
+    fetch_min_bytes: int = 64 * 1024
+    """Bytes a fetch waits for (at most ``fetch_max_wait``; faust's own: 1): under load, few large
+    fetches instead of one per few records (each costs the consumer thread, a request and a hand-over
+    to the loop: a quarter of the scheduler's CPU at 1,000 jobs/s with 1 byte)."""
 
 
 class _PromptConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -108,6 +112,9 @@ class _PromptConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         wait = getattr(self.app, "fetch_max_wait_ms", None)
         if wait is not None:
             consumer._fetch_max_wait_ms = wait  # aiokafka hands it to its fetcher at start
+        least = getattr(self.app, "fetch_min_bytes", None)
+        if least is not None:
+            consumer._fetch_min_bytes = least
         return consumer
 
 
@@ -168,9 +175,11 @@ class _PromptConsumer(faust_aiokafka.Consumer):
 
 
 class SchedulerApp(faust.App):
-    """The scheduler's faust app: its consumer's fetches wait at most ``fetch_max_wait_ms``."""
+    """The scheduler's faust app: its consumer's fetches wait at most ``fetch_max_wait_ms`` for
+    ``fetch_min_bytes``."""
 
     fetch_max_wait_ms: int | None = None
+    fetch_min_bytes: int | None = None
 
     def _new_transport(self) -> Any:
         transport = super()._new_transport()
@@ -383,6 +392,7 @@ class SchedulerService:
             loop=asyncio.get_running_loop(),
         )
         app.fetch_max_wait_ms = max(1, round(cfg.fetch_max_wait * 1000))
+        app.fetch_min_bytes = max(1, cfg.fetch_min_bytes)
         inputs = app.topic(
             self.topics.inputs,
             key_type=bytes,
