@@ -203,13 +203,18 @@ class ReadModel:
                     return
 
     def _on_JobAccepted(self, e: ev.JobAccepted) -> None:
-        old = self.jobs.get(e.job.job_id)
-        job = JobView(spec=e.job, priority=e.job.priority, tags=dict(e.job.tags))
-        if old is not None and old.pending_input is not None:
-            job.tags = old.tags
+        job = self.jobs.get(e.job.job_id)
+        if job is not None and job.pending_input is not None:
+            # The gateway's pending view becomes the job's view: nothing but its tags (TagResource)
+            # changes while it is pending, and those are kept.
+            job.spec = e.job
+            job.priority = e.job.priority
+            job.pending_input = None
+        else:
+            job = JobView(spec=e.job, priority=e.job.priority, tags=dict(e.job.tags))
+            self.jobs[job.spec.job_id] = job
         job.status = JobStatus.RUNNABLE
         job.runnable_since = e.occurred_at
-        self.jobs[job.spec.job_id] = job
         self._enqueue(job)
 
     def _enqueue(self, job: JobView) -> None:
