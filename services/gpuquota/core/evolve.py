@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sortedcontainers import SortedList
-
 from gpuquota.core.state import ClusterState, Hold, JobRecord, NodeRecord, ShareRecord, StopInfo
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import JobStatus
@@ -120,12 +118,12 @@ def _dequeue(state: ClusterState, job: JobRecord, at: int) -> None:
 
 def _reindex(state: ClusterState, node: NodeRecord, unit: str, before: int) -> None:
     """Keep ``free_index`` in step with ``node.free[unit]`` (``before``: its size before the change)."""
-    index = state.child(state.free_index, (node.pool, unit), SortedList)
+    index = state.child(state.free_index, (node.pool, unit), list)
     if before:
-        state.sorted_discard(index, (before, node.node_id))
+        state.list_discard(index, (before, node.node_id))
     after = len(node.free.get(unit, ()))
     if after and node.usable:
-        state.sorted_add(index, (after, node.node_id))
+        state.list_insort(index, (after, node.node_id))
 
 
 def _release(state: ClusterState, job: JobRecord) -> None:
@@ -159,13 +157,13 @@ def _release(state: ClusterState, job: JobRecord) -> None:
 
 def _add_victim(state: ClusterState, job: JobRecord) -> None:
     share = state.shares[job.share]
-    state.sorted_add(state.child(share.victims, job.unit, SortedList), job.victim_key)
+    state.list_insort(state.child(share.victims, job.unit, list), job.victim_key)
 
 
 def _drop_victim(state: ClusterState, job: JobRecord) -> None:
     """The job stops being a preemption candidate (it is stopping, or its attempt is over)."""
     if job.dispatched and job.stop is None:
-        state.sorted_discard(state.shares[job.share].victims[job.unit], job.victim_key)
+        state.list_discard(state.shares[job.share].victims[job.unit], job.victim_key)
 
 
 def _forget(state: ClusterState, job: JobRecord, at: int) -> None:
@@ -195,7 +193,7 @@ def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
         free = node.free[job.unit]
         before = len(free) if node.usable else 0
         for slot in placement.slots:
-            state.list_remove(free, slot)
+            state.list_discard(free, slot)
         _reindex(state, node, job.unit, before)
         state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, -len(placement.slots))
     share = state.shares[job.share]
@@ -317,7 +315,7 @@ def _withdraw(state: ClusterState, node: NodeRecord) -> None:
         state.dict_add(free, unit, -len(node.free.get(unit, ())))
         index = state.free_index.get((node.pool, unit))
         if index is not None:
-            state.sorted_discard(index, (len(node.free.get(unit, ())), node.node_id))
+            state.list_discard(index, (len(node.free.get(unit, ())), node.node_id))
 
 
 @_handles(ev.NodeRegistered)

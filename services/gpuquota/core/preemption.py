@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 
 from gpuquota.core.quota import Figures, Ledger, share_limit, usable_slots
@@ -127,9 +128,13 @@ def cross_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[Iterator[Vi
 def in_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[Iterator[VictimKey], Eligible]:
     """S4.2: dispatched, not-yet-stopping jobs of the head's own share with strictly lower priority."""
     victims = ledger.state.shares[head.share].victims.get(head.unit)
-    lower = (
-        ()
-        if victims is None
-        else victims.irange(maximum=(head.priority, -(2**62), ""), inclusive=(True, False))
-    )
-    return iter(lower), lambda victim, removed: True
+    # Most heads have no lower-priority victim at all (victims[0] has the lowest priority): answer
+    # that without building a range iterator, since the in-share phase asks for every waiting head.
+    if not victims or victims[0][0] >= head.priority:
+        return iter(()), _always
+    lower = bisect_left(victims, (head.priority, -(2**62), ""))
+    return itertools.islice(victims, lower), _always
+
+
+def _always(victim: JobRecord, removed: dict[ShareKey, int]) -> bool:
+    return True

@@ -114,6 +114,8 @@ class EnvironmentPass:
     # ----- phase 0 -----------------------------------------------------------------------------
 
     def settle_holds(self) -> None:
+        if not self.state.holds:
+            return
         holds = sorted(
             (
                 h
@@ -211,6 +213,8 @@ class EnvironmentPass:
         return heads
 
     def try_dispatch(self, job: JobRecord, share: ShareRecord, phase: str) -> bool:
+        if job.job_id not in self.state.holds and self.ledger.totals(job.unit).free_slots < job.count:
+            return False  # the usual answer on a full pool, without building the figures
         figures = self.ledger.figures(share, job.unit, job.count, exclude=job.job_id)
         if not figures.fits:
             return False

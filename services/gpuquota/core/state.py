@@ -18,7 +18,7 @@ Invariant: nothing outside ``gpuquota.core.evolve`` mutates a ``ClusterState``.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -197,7 +197,7 @@ class ShareRecord(Mutable):
         self.queue: SortedList[QueueKey] = SortedList()
         self.usage: dict[str, int] = {}
         self.dispatched: dict[str, set[str]] = {}
-        self.victims: dict[str, SortedList[VictimKey]] = {}
+        self.victims: dict[str, list[VictimKey]] = {}
         """Per unit: dispatched jobs that are not stopping, in S4.1 victim order (``victim_key``)."""
         self.head_since: tuple[str, int] | None = None
         """(job id, since when) of the job at the head of this share (S5.8 time limits)."""
@@ -278,8 +278,10 @@ class ClusterState:
         """Per pool and unit: free slots on online, non-draining nodes."""
         self.queue_usage: dict[tuple[str, str], int] = {}
         """Per (job queue, unit): instances held by the queue's dispatched jobs (its shares' usage)."""
-        self.free_index: dict[tuple[str, str], SortedList[tuple[int, str]]] = {}
-        """Per (pool, unit): (free slots, node id) of usable nodes with a free slot, for placement (S6)."""
+        self.free_index: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        """Per (pool, unit): (free slots, node id) of usable nodes with a free slot, for placement (S6);
+        sorted plain lists (``list_insort``), like ``ShareRecord.victims``: short enough that C-level
+        inserts beat ``SortedList``'s bookkeeping."""
         self.dispatch_counter = 0
         self.applied = 0
         """How many events have been applied: the log position this state corresponds to."""
@@ -370,9 +372,11 @@ class ClusterState:
         self._record(items.remove, item)
         insort(items, item)
 
-    def list_remove(self, items: list[Any], item: Any) -> None:
-        items.remove(item)
-        self._record(insort, items, item)
+    def list_discard(self, items: list[Any], item: Any) -> None:
+        index = bisect_left(items, item)
+        if index < len(items) and items[index] == item:
+            del items[index]
+            self._record(insort, items, item)
 
     # ----- read helpers ------------------------------------------------------------------------
 
