@@ -561,7 +561,7 @@ def _tick(ctx: Context, m: inp.Tick) -> bool:
     expired = sorted(n.node_id for n in state.nodes.values() if n.online and now - n.last_heartbeat > limit)
     for node_id in expired:
         _lose_node(ctx, node_id, f"Node {node_id} lost")
-    for deadline, job_id, attempt_id in list(state.deadlines.irange(maximum=(now, "\uffff", "\uffff"))):
+    for deadline, job_id, attempt_id in list(state.deadlines.until((now, "\uffff", "\uffff"))):
         job = state.jobs.get(job_id)
         if job is not None and job.attempt_id == attempt_id and job.stop is None and deadline <= now:
             ctx.emit(

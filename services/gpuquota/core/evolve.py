@@ -95,7 +95,7 @@ def _share(state: ClusterState, event: ev.QuotaShareChanged) -> None:
 
 
 def _refresh_head(state: ClusterState, share: ShareRecord, at: int) -> None:
-    head = share.queue[0][2] if share.queue else None
+    head = share.queue.first()[2] if share.queue else None
     current = share.head_since
     if head is None:
         if current is not None:

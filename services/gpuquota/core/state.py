@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sortedcontainers import SortedList
-
+from gpuquota.core.sortedkeys import SortedKeys
 from gpuquota.wire.base import (
     JobQueueSpec,
     JobSpec,
@@ -194,7 +193,8 @@ class ShareRecord(Mutable):
         self.spec = spec
         self.key: ShareKey = (spec.job_queue, spec.name)
         self.deleting = False
-        self.queue: SortedList[QueueKey] = SortedList()
+        self.queue = SortedKeys()
+        """``QueueKey``s of the share's RUNNABLE jobs, in scheduling order."""
         self.usage: dict[str, int] = {}
         self.dispatched: dict[str, set[str]] = {}
         self.victims: dict[str, list[VictimKey]] = {}
@@ -270,7 +270,7 @@ class ClusterState:
         self.jobs: dict[str, JobRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.holds: dict[str, Hold] = {}
-        self.deadlines: SortedList[tuple[int, str, str]] = SortedList()
+        self.deadlines = SortedKeys()
         """(deadline ms, job id, attempt id) of attempts with a ``attemptDurationSeconds`` timeout."""
         self.pool_slots: dict[str, dict[str, int]] = {}
         """Per pool and unit: slots on online, non-draining nodes."""
@@ -281,7 +281,7 @@ class ClusterState:
         self.free_index: dict[tuple[str, str], list[tuple[int, str]]] = {}
         """Per (pool, unit): (free slots, node id) of usable nodes with a free slot, for placement (S6);
         sorted plain lists (``list_insort``), like ``ShareRecord.victims``: short enough that C-level
-        inserts beat ``SortedList``'s bookkeeping."""
+        inserts beat ``SortedKeys``' bookkeeping."""
         self.dispatch_counter = 0
         self.applied = 0
         """How many events have been applied: the log position this state corresponds to."""
@@ -356,19 +356,16 @@ class ClusterState:
             self._record(items.add, item)
             items.discard(item)
 
-    def sorted_add(self, items: SortedList[Any], item: Any) -> None:
-        self._record(items.remove, item)
+    def sorted_add(self, items: SortedKeys, item: Any) -> None:
+        self._record(items.discard, item)
         items.add(item)
 
-    def sorted_discard(self, items: SortedList[Any], item: Any) -> None:
-        try:
-            items.remove(item)
-        except ValueError:
-            return
-        self._record(items.add, item)
+    def sorted_discard(self, items: SortedKeys, item: Any) -> None:
+        if items.discard(item):
+            self._record(items.add, item)
 
     def list_insort(self, items: list[Any], item: Any) -> None:
-        """Insert into a plain sorted list (small ones, where ``SortedList`` costs more than it saves)."""
+        """Insert into a plain sorted list (small ones, where ``SortedKeys`` costs more than it saves)."""
         self._record(items.remove, item)
         insort(items, item)
 

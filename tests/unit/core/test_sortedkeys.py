@@ -1,0 +1,47 @@
+"""``SortedKeys`` behaves like a sorted list of unique keys, across chunk splits and removals."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuquota.core import sortedkeys
+from gpuquota.core.sortedkeys import SortedKeys
+
+operations = st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=4000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(operations, st.integers(0, 3000), st.integers(0, 40))
+def test_matches_a_sorted_list(ops: list[tuple[bool, int]], probe: int, start: int) -> None:
+    keys, model = SortedKeys(), set[int]()
+    for adding, key in ops:
+        if adding:
+            if key not in model:
+                keys.add(key)
+                model.add(key)
+        else:
+            assert keys.discard(key) is (key in model)
+            model.discard(key)
+    expected = sorted(model)
+    assert list(keys) == expected and len(keys) == len(expected) and bool(keys) is bool(expected)
+    assert list(keys.islice(start, start + 64)) == expected[start : start + 64]
+    assert list(keys.until(probe)) == [k for k in expected if k <= probe]
+    if expected:
+        assert keys.first() == expected[0]
+        assert keys.index(expected[-1]) == len(expected) - 1
+    if probe not in model:
+        with pytest.raises(ValueError):
+            keys.index(probe)
+
+
+def test_chunks_split_and_stay_bounded() -> None:
+    keys = SortedKeys()
+    for key in itertools.chain(range(0, 10_000, 2), range(1, 10_000, 2)):
+        keys.add(key)
+    assert list(keys) == list(range(10_000))
+    assert all(len(chunk) <= 2 * sortedkeys.LOAD for chunk in keys._chunks)
+    assert list(keys.islice(5_000, 5_003)) == [5_000, 5_001, 5_002]
