@@ -38,42 +38,46 @@ _TOUCH_KIND: dict[type[Any], str] = {
 }
 
 
-_TEMPLATES: dict[type[Any], dict[str, Any] | None] = {}
+_Template = tuple[dict[str, Any], set[str]]
+_TEMPLATES: dict[type[Any], _Template | None] = {}
 _set = object.__setattr__
 
 
-def _template(event_type: type[Any]) -> dict[str, Any] | None:
-    """Every field of the event type in declaration order, with its default where it has one.
+def _template(event_type: type[Any]) -> _Template | None:
+    """Every field of the event type in declaration order, with its default where it has one, and
+    the set of their names.
 
     ``None`` when the type needs pydantic's own ``model_construct`` (default factories, aliases or a
     post-init hook): the fast path below would skip them.
     """
-    if event_type not in _TEMPLATES:
-        fields = event_type.model_fields
-        plain = not event_type.__pydantic_post_init__ and all(
-            f.default_factory is None and f.alias is None and f.validation_alias is None
-            for f in fields.values()
-        )
-        _TEMPLATES[event_type] = (
-            {name: None if f.is_required() else f.default for name, f in fields.items()} if plain else None
-        )
-    return _TEMPLATES[event_type]
+    fields = event_type.model_fields
+    plain = not event_type.__pydantic_post_init__ and all(
+        f.default_factory is None and f.alias is None and f.validation_alias is None for f in fields.values()
+    )
+    if not plain:
+        return None
+    return {name: None if f.is_required() else f.default for name, f in fields.items()}, set(fields)
 
 
 def construct(event_type: type[M], fields: dict[str, Any]) -> M:
     """``event_type.model_construct(**fields)`` for trusted values, without its per-field work.
 
     Defaults are shared, not copied: event defaults are immutable (strings, numbers, enums, None).
+    So is the set of set fields (all of them): pydantic copies it before changing a copy of a model.
     ``fields`` must name every required field; the tests round-trip every event type through JSON.
     """
-    template = _template(event_type)
+    try:
+        template = _TEMPLATES[event_type]
+    except KeyError:
+        template = _TEMPLATES[event_type] = _template(event_type)
     if template is None:
         return event_type.model_construct(**fields)
-    values = template.copy()
+    defaults, names = template
+    values = defaults.copy()
     values.update(fields)
     event = event_type.__new__(event_type)
     _set(event, "__dict__", values)
-    _set(event, "__pydantic_fields_set__", set(values))
+    _set(event, "__pydantic_fields_set__", names)
     _set(event, "__pydantic_extra__", None)
     _set(event, "__pydantic_private__", None)
     return event
