@@ -3,8 +3,10 @@
 Workload: 10,000 instances across 5 units (8-slot nodes), 20 quota shares with mixed strategies and
 borrow limits, N queued jobs of mixed priorities and sizes, then M mixed inputs: submissions,
 completions (and stop reports for preempted jobs), priority updates, node events and ticks. Each input
-goes through ``decide`` and then ``evolve`` of its events, exactly as the shells do; the latency of an
-input is the time of both. Prints one JSON object (``--json``) or a readable summary.
+goes through ``step`` (decide and apply in one go), exactly as both shells do (the embedded shell and the
+distributed pipeline); ``--mode decide`` runs the pure ``decide`` then ``evolve`` of each event instead.
+The latency of an input is the time of that call. ``core`` says whether the compiled core ran
+(``make native``). Prints one JSON object (``--json``) or a readable summary.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "decide") -> dict[str, Any]:
+def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "step") -> dict[str, Any]:
     driver = Driver(random.Random(seed))
     setup_cluster(driver)
     gc.collect()
@@ -247,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--mode",
-        choices=("decide", "step"),
-        default="decide",
-        help="decide then evolve each event (the shells' contract, default), or the fused step",
+        choices=("step", "decide"),
+        default="step",
+        help="step: decide and apply in one go, as the shells do (default); decide: decide, then evolve",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
