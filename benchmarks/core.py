@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuquota import _native
 from gpuquota.core import ClusterState, decide, evolve, step
+from gpuquota.embedded import GC_THRESHOLDS
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
@@ -180,7 +181,9 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "step") -> dict[str, Any]:
+def run(
+    queued: int, inputs: int, seed: int, progress: bool, mode: str = "step", tune_gc: bool = True
+) -> dict[str, Any]:
     driver = Driver(random.Random(seed))
     setup_cluster(driver)
     gc.collect()
@@ -193,6 +196,12 @@ def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "step")
             print(f"  queued {index:,} jobs ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     fill_seconds = time.perf_counter() - started
     gc.collect()
+    thresholds = gc.get_threshold()
+    if tune_gc:
+        # As both shells do once they have loaded their state (gpuquota.embedded, gpuquota.distributed).
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+    gc_settings = f"thresholds {'/'.join(map(str, gc.get_threshold()))}, frozen after the fill: {tune_gc}"
     queued_now = sum(len(s.queue) for s in driver.state.shares.values())
     bytes_per_job = (rss_mb() - base_rss) * 2**20 / max(1, len(driver.state.jobs))
     latencies: list[float] = []
@@ -218,6 +227,8 @@ def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "step")
             print(f"  {serial - queued:,} inputs ({clock() - started:.0f} s)", file=sys.stderr)
     measured = sum(latencies)
     cpu_seconds = time.process_time() - cpu_started
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
     latencies.sort()
     return {
         "queued": queued,
@@ -239,6 +250,7 @@ def run(queued: int, inputs: int, seed: int, progress: bool, mode: str = "step")
         "events": dict(sorted(driver.counts.items())),
         "python": sys.version.split()[0],
         "core": _native.core_mode(),
+        "gc": gc_settings,
     }
 
 
@@ -253,11 +265,17 @@ def main(argv: list[str] | None = None) -> int:
         default="step",
         help="step: decide and apply in one go, as the shells do (default); decide: decide, then evolve",
     )
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep Python's collector settings (by default: the shells' thresholds, frozen after the fill)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.queued < 0 or args.inputs < 1:
         parser.error("--queued must be >= 0 and --inputs >= 1")
-    result = run(args.queued, args.inputs, args.seed, not args.json or sys.stderr.isatty(), args.mode)
+    progress = not args.json or sys.stderr.isatty()
+    result = run(args.queued, args.inputs, args.seed, progress, args.mode, not args.default_gc)
     if args.json:
         print(json.dumps(result))
     else:
