@@ -22,8 +22,6 @@ read the same figures, so they can never disagree about what "fits" means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gpuquota.core.state import ClusterState, Hold, JobRecord, ShareKey, ShareRecord
 from gpuquota.wire.base import ServiceEnvironmentSpec, State, Strategy
 
@@ -173,28 +171,63 @@ def free_slots(state: ClusterState, pool: str, unit: str) -> int:
     return state.pool_free.get(pool, {}).get(unit, 0)
 
 
-@dataclass(slots=True)
 class Figures:
     """The capacity figures that decide whether one job of one share fits, as of now.
 
-    Treat as immutable. Not ``frozen``: a frozen dataclass sets each of its fields through
-    ``object.__setattr__``, and the scheduling pass builds one for every head it tries.
+    Treat as immutable. A plain class, not a dataclass: the scheduling pass builds one for every head
+    it tries, and mypyc compiles a plain class's constructor (``gpuquota._native``), not a slotted
+    dataclass's generated one.
     """
 
-    unit: str
-    demand: int
-    capacity: int
-    usage: int
-    """sum of U(s,u) over the environment's shares, holds included."""
-    reserved_idle: int
-    held: int
-    share_usage: int
-    share_limit: int
-    share_max: int | None
-    free_slots: int
-    environment_enabled: bool
-    own_reserved_idle: int = 0
-    """The part of ``reserved_idle`` that is this job's own RESERVE share's idle capacity (S2.4)."""
+    __slots__ = (
+        "capacity",
+        "demand",
+        "environment_enabled",
+        "free_slots",
+        "held",
+        "own_reserved_idle",
+        "reserved_idle",
+        "share_limit",
+        "share_max",
+        "share_usage",
+        "unit",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        *,
+        unit: str,
+        demand: int,
+        capacity: int,
+        usage: int,
+        reserved_idle: int,
+        held: int,
+        share_usage: int,
+        share_limit: int,
+        share_max: int | None,
+        free_slots: int,
+        environment_enabled: bool,
+        own_reserved_idle: int = 0,
+    ) -> None:
+        self.unit = unit
+        self.demand = demand
+        self.capacity = capacity
+        self.usage = usage
+        """sum of U(s,u) over the environment's shares, holds included."""
+        self.reserved_idle = reserved_idle
+        self.held = held
+        self.share_usage = share_usage
+        self.share_limit = share_limit
+        self.share_max = share_max
+        self.free_slots = free_slots
+        self.environment_enabled = environment_enabled
+        self.own_reserved_idle = own_reserved_idle
+        """The part of ``reserved_idle`` that is this job's own RESERVE share's idle capacity (S2.4)."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"Figures({fields})"
 
     @property
     def in_quota(self) -> bool:
@@ -231,17 +264,29 @@ def figures_for(
     return Ledger(state, environment).figures(share, unit, demand, exclude)
 
 
-@dataclass(slots=True)
 class Totals:
     """Environment-wide figures for one unit, holds included (treat as immutable, like ``Figures``)."""
 
-    capacity: int
-    usage: int
-    reserved_idle: int
-    held: int
-    free_slots: int
-    enabled: bool
-    held_by_share: dict[ShareKey, int]
+    __slots__ = ("capacity", "enabled", "free_slots", "held", "held_by_share", "reserved_idle", "usage")
+
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        usage: int,
+        reserved_idle: int,
+        held: int,
+        free_slots: int,
+        enabled: bool,
+        held_by_share: dict[ShareKey, int],
+    ) -> None:
+        self.capacity = capacity
+        self.usage = usage
+        self.reserved_idle = reserved_idle
+        self.held = held
+        self.free_slots = free_slots
+        self.enabled = enabled
+        self.held_by_share = held_by_share
 
 
 class Ledger:
