@@ -88,31 +88,31 @@ def share_usage(state: ClusterState, share: ShareRecord, unit: str, exclude: str
 
 def shares_of_environment(state: ClusterState, environment: str) -> list[ShareRecord]:
     """The quota shares of every job queue attached to ``environment``."""
-
-    def compute() -> list[ShareRecord]:
+    key = ("shares", environment)
+    shares: list[ShareRecord] | None = state.cached(key)
+    if shares is None:
         queues = set(queues_of_environment(state, environment))
-        return [share for key, share in state.shares.items() if key[0] in queues]
-
-    shares: list[ShareRecord] = state.derived(("shares", environment), compute)
+        shares = state.cache(key, [share for k, share in state.shares.items() if k[0] in queues])
     return shares
 
 
 def reserve_shares_of_environment(state: ClusterState, environment: str) -> list[ShareRecord]:
     """The RESERVE shares of ``environment``: the only ones with reserved idle capacity (S2.4)."""
 
-    def compute() -> list[ShareRecord]:
-        shares = shares_of_environment(state, environment)
-        return [s for s in shares if s.spec.strategy is Strategy.RESERVE]
-
-    shares: list[ShareRecord] = state.derived(("reserve-shares", environment), compute)
+    key = ("reserve-shares", environment)
+    shares: list[ShareRecord] | None = state.cached(key)
+    if shares is None:
+        every = shares_of_environment(state, environment)
+        shares = state.cache(key, [s for s in every if s.spec.strategy is Strategy.RESERVE])
     return shares
 
 
 def queues_of_environment(state: ClusterState, environment: str) -> list[str]:
-    def compute() -> list[str]:
-        return sorted(q.name for q in state.queues.values() if q.service_environment == environment)
-
-    queues: list[str] = state.derived(("queues", environment), compute)
+    key = ("queues", environment)
+    queues: list[str] | None = state.cached(key)
+    if queues is None:
+        names = sorted(q.name for q in state.queues.values() if q.service_environment == environment)
+        queues = state.cache(key, names)
     return queues
 
 
@@ -153,16 +153,16 @@ def _pool_layout(
 ) -> tuple[list[str], dict[str, int]]:
     """The other environments of the environment's pool, and its limit per unit (cached)."""
 
-    def compute() -> tuple[list[str], dict[str, int]]:
+    key = ("pool-layout", environment.name)
+    layout: tuple[list[str], dict[str, int]] | None = state.cached(key)
+    if layout is None:
         neighbours = sorted(
             e.name
             for e in state.environments.values()
             if e.pool == environment.pool and e.name != environment.name
         )
         limits = {cap.unit: environment_limit(environment, cap.unit) for cap in environment.capacity_limits}
-        return neighbours, limits
-
-    layout: tuple[list[str], dict[str, int]] = state.derived(("pool-layout", environment.name), compute)
+        layout = state.cache(key, (neighbours, limits))
     return layout
 
 

@@ -51,15 +51,16 @@ def environments_in_order(ctx: Context) -> list[ServiceEnvironmentSpec]:
     """S1: environments sharing a pool are served in the order of their job queues' priority."""
     state = ctx.state
 
-    def compute() -> list[ServiceEnvironmentSpec]:
+    key = ("environments-in-order", "")
+    environments: list[ServiceEnvironmentSpec] | None = state.cached(key)
+    if environments is None:
         ranked = []
         for queue in state.queues.values():
             environment = state.environments.get(queue.service_environment)
             if environment is not None:
                 ranked.append((-queue.priority, environment.name, environment))
-        return [environment for _, _, environment in sorted(ranked, key=lambda r: (r[0], r[1]))]
-
-    environments: list[ServiceEnvironmentSpec] = state.derived(("environments-in-order", ""), compute)
+        ordered = [environment for _, _, environment in sorted(ranked, key=lambda r: (r[0], r[1]))]
+        environments = state.cache(key, ordered)
     return environments
 
 
@@ -69,7 +70,11 @@ class EnvironmentPass:
         self.state = ctx.state
         self.environment = environment
         self.ledger = Ledger(ctx.state, environment)
-        self.shares, self.backfill = ctx.state.derived(("pass", environment.name), self._setup)
+        setup: tuple[list[ShareRecord], bool] | None = ctx.state.cached(("pass", environment.name))
+        if setup is None:
+            setup = ctx.state.cache(("pass", environment.name), self._setup())
+        self.shares: list[ShareRecord] = setup[0]
+        self.backfill: bool = setup[1]
         # Only heads of units the input touched can change (units are independent); backfill looks
         # past heads, so it revisits every unit.
         self.units: set[str] | None = None if self.backfill else ctx.dirty  # live: grows as heads change

@@ -289,13 +289,15 @@ class ClusterState:
         """Bumped by every resource change; keys caches of values derived from the configuration."""
         self._derived: dict[tuple[str, str], tuple[int, Any]] = {}
 
-    def derived(self, key: tuple[str, str], compute: Callable[[], Any]) -> Any:
-        """``compute()``, cached until the configuration changes (a cache, not state: never journalled)."""
-        cached = self._derived.get(key)
-        if cached is None or cached[0] != self.config_version:
-            cached = (self.config_version, compute())
-            self._derived[key] = cached
-        return cached[1]
+    def cached(self, key: tuple[str, str]) -> Any:
+        """A value derived from the configuration by ``cache(key, value)``, or ``None`` once the
+        configuration has changed since (a cache, not state: never journalled; values are never None)."""
+        hit = self._derived.get(key)
+        return hit[1] if hit is not None and hit[0] == self.config_version else None
+
+    def cache(self, key: tuple[str, str], value: Any) -> Any:
+        self._derived[key] = (self.config_version, value)
+        return value
 
     # ----- the journal -------------------------------------------------------------------------
 
