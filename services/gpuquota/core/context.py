@@ -13,9 +13,9 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel
 
 from gpuquota.core.evolve import evolve
-from gpuquota.core.state import ClusterState, ShareKey
+from gpuquota.core.state import RUNNABLE, ClusterState, ShareKey
 from gpuquota.wire import events as ev
-from gpuquota.wire.base import JobStatus, Message
+from gpuquota.wire.base import Message
 from gpuquota.wire.events import SchedulerEvent
 
 E = TypeVar("E", bound=Message)
@@ -151,7 +151,7 @@ class Context:
             # A dispatched job's change moves capacity or victim order; a queued job's priority change
             # matters to in-share preemption even when it was and stays the head.
             moves = isinstance(event, ev.JobDispatched | ev.JobPriorityChanged)
-            if job.status is not JobStatus.RUNNABLE or moves:
+            if job.status is not RUNNABLE or moves:
                 dirty.add(job.unit)
             return job.share
         return None

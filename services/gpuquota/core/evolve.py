@@ -9,9 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuquota.core.state import ClusterState, Hold, JobRecord, NodeRecord, ShareRecord, StopInfo
+from gpuquota.core.state import (
+    RUNNABLE,
+    RUNNING,
+    SCHEDULED,
+    STARTING,
+    ClusterState,
+    Hold,
+    JobRecord,
+    NodeRecord,
+    ShareRecord,
+    StopInfo,
+)
 from gpuquota.wire import events as ev
-from gpuquota.wire.base import JobStatus
 
 E = TypeVar("E")
 _HANDLERS: dict[type[Any], Callable[[ClusterState, Any], None]] = {}
@@ -170,7 +180,7 @@ def _forget(state: ClusterState, job: JobRecord, at: int) -> None:
     """A terminal job leaves the core's state (its history lives in the event log and read model)."""
     if job.dispatched:
         _release(state, job)
-    elif job.status is JobStatus.RUNNABLE:
+    elif job.status is RUNNABLE:
         _dequeue(state, job, at)
     if job.job_id in state.holds:
         state.dict_pop(state.holds, job.job_id)
@@ -201,7 +211,7 @@ def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
     state.dict_add(state.queue_usage, (job.share[0], job.unit), job.count)
     state.set_add(state.child(share.dispatched, job.unit, set), job.job_id)
     state.put("dispatch_counter", state.dispatch_counter + 1)
-    job.put("status", JobStatus.SCHEDULED)
+    job.put("status", SCHEDULED)
     job.put("status_reason", "")
     job.put("attempt_id", event.attempt_id)
     job.put("attempt_number", event.attempt_number)
@@ -215,13 +225,13 @@ def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
 
 @_handles(ev.JobStarting)
 def _starting(state: ClusterState, event: ev.JobStarting) -> None:
-    state.jobs[event.job_id].put("status", JobStatus.STARTING)
+    state.jobs[event.job_id].put("status", STARTING)
 
 
 @_handles(ev.JobRunning)
 def _running(state: ClusterState, event: ev.JobRunning) -> None:
     job = state.jobs[event.job_id]
-    job.put("status", JobStatus.RUNNING)
+    job.put("status", RUNNING)
     job.put("started_at", event.occurred_at)
     if job.attempt_duration_seconds is not None:
         deadline = event.occurred_at + job.attempt_duration_seconds * 1000
@@ -246,7 +256,7 @@ def _requeued(state: ClusterState, event: ev.JobRequeued) -> None:
         job.put("failures", job.failures + 1)
     elif event.cause == "PREEMPTED":
         job.put("preempted_count", job.preempted_count + 1)
-    job.put("status", JobStatus.RUNNABLE)
+    job.put("status", RUNNABLE)
     job.put("status_reason", event.status_reason)
     job.put("runnable_since", event.occurred_at)
     _enqueue(state, job, event.occurred_at)
@@ -278,7 +288,7 @@ def _stop_requested(state: ClusterState, event: ev.JobStopRequested) -> None:
 @_handles(ev.JobPriorityChanged)
 def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
     job = state.jobs[event.job_id]
-    if job.status is JobStatus.RUNNABLE:
+    if job.status is RUNNABLE:
         _dequeue(state, job, event.occurred_at)
         job.put("priority", event.priority)
         _enqueue(state, job, event.occurred_at)

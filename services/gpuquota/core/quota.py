@@ -22,8 +22,17 @@ read the same figures, so they can never disagree about what "fits" means.
 
 from __future__ import annotations
 
-from gpuquota.core.state import ClusterState, Hold, JobRecord, ShareKey, ShareRecord
-from gpuquota.wire.base import ServiceEnvironmentSpec, State, Strategy
+from gpuquota.core.state import (
+    ENABLED,
+    LEND_AND_BORROW,
+    RESERVE,
+    ClusterState,
+    Hold,
+    JobRecord,
+    ShareKey,
+    ShareRecord,
+)
+from gpuquota.wire.base import ServiceEnvironmentSpec
 
 
 def share_limit(share: ShareRecord, unit: str) -> int:
@@ -36,7 +45,7 @@ def share_max_usage(share: ShareRecord, unit: str) -> int | None:
     own = share.limits.get(unit)
     if own is None:
         return 0
-    if share.spec.strategy is not Strategy.LEND_AND_BORROW:
+    if share.spec.strategy is not LEND_AND_BORROW:
         return own
     if share.spec.borrow_limit == -1:
         return None
@@ -103,7 +112,7 @@ def reserve_shares_of_environment(state: ClusterState, environment: str) -> list
     shares: list[ShareRecord] | None = state.cached(key)
     if shares is None:
         every = shares_of_environment(state, environment)
-        shares = state.cache(key, [s for s in every if s.spec.strategy is Strategy.RESERVE])
+        shares = state.cache(key, [s for s in every if s.spec.strategy is RESERVE])
     return shares
 
 
@@ -123,7 +132,7 @@ def reserved_idle(
     return sum(
         max(0, share_limit(s, unit) - share_usage(state, s, unit, exclude))
         for s in shares
-        if s.spec.strategy is Strategy.RESERVE
+        if s.spec.strategy is RESERVE
     )
 
 
@@ -328,7 +337,7 @@ class Ledger:
             reserved_idle=reserved,
             held=held,
             free_slots=free_slots(state, self.environment.pool, unit) - claims,
-            enabled=self.environment.state is State.ENABLED,
+            enabled=self.environment.state is ENABLED,
             held_by_share=held_by_share,
         )
         self._totals[unit] = (state.applied, totals)
@@ -355,7 +364,7 @@ class Ledger:
         env_usage, env_held = totals.usage, totals.held
         reserved, free = totals.reserved_idle, totals.free_slots
         hold = self.state.holds.get(exclude) if exclude is not None else None
-        is_reserve = share.spec.strategy is Strategy.RESERVE
+        is_reserve = share.spec.strategy is RESERVE
         if hold is not None and hold.unit == unit and hold.se == self.environment.name:
             # The job's own hold protects capacity *for* it: take it out of every figure.
             outstanding = hold_outstanding(self.state, hold)

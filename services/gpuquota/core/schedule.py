@@ -34,9 +34,9 @@ from collections.abc import Iterator
 from gpuquota.core.context import Context, construct
 from gpuquota.core.preemption import cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
-from gpuquota.core.state import JobRecord, ShareRecord
+from gpuquota.core.state import LEND_AND_BORROW, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
-from gpuquota.wire.base import Placement, ServiceEnvironmentSpec, Strategy
+from gpuquota.wire.base import Placement, ServiceEnvironmentSpec
 
 BACKFILL_SCAN = 64
 
@@ -149,7 +149,7 @@ class EnvironmentPass:
         job = self.state.head(share)
         if job is None or job.job_id in self.state.holds or not self.in_scope(job.unit):
             return None
-        if not in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW:
+        if not in_quota and share.spec.strategy is not LEND_AND_BORROW:
             return None
         return job if self.in_quota(job, share) is in_quota else None
 
@@ -184,9 +184,7 @@ class EnvironmentPass:
             # A head that belongs to the other phase (or waits for its preemptions) cannot be placed
             # in this one either: with backfill, later jobs of its share still get a chance (S3.2).
             for index, share in enumerate(self.scoped):
-                if index in backfilled or (
-                    not in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW
-                ):
+                if index in backfilled or (not in_quota and share.spec.strategy is not LEND_AND_BORROW):
                     continue
                 while self.backfill_share(share, in_quota):
                     pass
@@ -210,7 +208,7 @@ class EnvironmentPass:
         """Heads of RESERVE and LEND shares above their own limit: they wait unless in-share applies."""
         heads = []
         for share in self.scoped:
-            if share.spec.strategy is Strategy.LEND_AND_BORROW:
+            if share.spec.strategy is LEND_AND_BORROW:
                 continue
             job = self.state.head(share)
             if job is not None and job.job_id not in self.state.holds and not self.in_quota(job, share):
