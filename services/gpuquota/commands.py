@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuquota.core.state import ClusterState
 from gpuquota.wire import events as ev
-from gpuquota.wire.node_commands import NodeCommand, RunAttempt, StopAttempt
+from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt, StopAttempt
 
 
 def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCommand]:
@@ -48,6 +48,16 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
                 node_id=event.node_id,
                 job_id=event.job_id,
                 attempt_id=event.attempt_id,
+                reason=event.reason,
+            )
+        ]
+    if isinstance(event, ev.InputRejected) and event.input_type == "NodeHeartbeat" and event.node_id:
+        # the node is unknown or was declared lost while its agent kept running (S5.7)
+        return [
+            RegisterAgain(
+                event_id=event.event_id,
+                occurred_at=event.occurred_at,
+                node_id=event.node_id,
                 reason=event.reason,
             )
         ]

@@ -97,7 +97,12 @@ class EmbeddedStack:
 
     async def start(self) -> None:
         self.store = await open_store(self.data_dir)
-        shell = self.shell = SchedulerShell(self.store, ReadModel(self.arns), tick_seconds=self.tick_seconds)
+        shell = self.shell = SchedulerShell(
+            self.store,
+            ReadModel(self.arns),
+            tick_seconds=self.tick_seconds,
+            heartbeat_timeout_ms=int(self.heartbeat_seconds * 6000),  # 6 periods, as in the distributed mode
+        )
         folded = await shell.recover()
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route

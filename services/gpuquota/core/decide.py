@@ -75,13 +75,16 @@ def _handles(input_type: type[Any]) -> Callable[[Handler], Handler]:
     return register
 
 
-def reject(ctx: Context, message: SchedulerInput, reason: str, job_id: str | None = None) -> bool:
+def reject(
+    ctx: Context, message: SchedulerInput, reason: str, job_id: str | None = None, node_id: str | None = None
+) -> bool:
     ctx.emit(
         ev.InputRejected,
         input_event_id=message.event_id,
         input_type=message.type,
         reason=reason,
         job_id=job_id,
+        node_id=node_id,
     )
     return False
 
@@ -506,7 +509,8 @@ def heartbeat_granularity(state: ClusterState) -> int:
 def _heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
     node = ctx.state.nodes.get(m.node_id)
     if node is None or not node.online:
-        return reject(ctx, m, f"Node {m.node_id} is not registered; register it again")
+        # the shells answer with a RegisterAgain node command (``gpuquota.commands``)
+        return reject(ctx, m, f"Node {m.node_id} is not registered; register it again", node_id=m.node_id)
     # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
     if m.occurred_at - node.last_heartbeat >= heartbeat_granularity(ctx.state):
         ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)

@@ -8,6 +8,14 @@ look dead to the scheduler, which counts only heartbeats), but not before the ``
 out, not after the ``DeregisterNode``, and not while the outbox is retrying a failed send (the link
 is down: they are dropped).
 
+Lost while alive: when the scheduler declared the node lost (its heartbeats did not arrive in time:
+a partition, a long pause) or does not know it, it answers a heartbeat with ``InputRejected`` and sends
+``RegisterAgain``. The agent then sends its ``RegisterNode`` again (its slots, as at start), re-reports
+the attempts it still runs, as after a restart (the scheduler requeued them when it lost the node, so
+it fences them: ``StopAttempt``), and repeats its ``DrainNode`` if it drains. Repeated ``RegisterAgain``
+commands are harmless: one while a ``RegisterNode`` still waits in the outbox is ignored, and the
+scheduler takes registrations and reports idempotently.
+
 Restart: running attempts are recorded in ``work_dir/state.json`` (attempt, pid, pgid, process start
 time). A new agent for the same node adopts the process groups still alive: it reports them RUNNING
 again (so a scheduler that no longer assigns them answers with a ``StopAttempt``: fencing) and polls
@@ -46,7 +54,7 @@ from gpuquota.wire.inputs import (
     RegisterNode,
     SchedulerInput,
 )
-from gpuquota.wire.node_commands import NodeCommand, RunAttempt, StopAttempt
+from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt, StopAttempt
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +123,14 @@ class NodeAgent:
         """The RegisterNode was sent and no DeregisterNode yet: heartbeats may go out."""
         self._link_down = False
         """The outbox's last send failed; cleared by the next one that succeeds."""
+        self._draining = False
+        """``drain`` began: a repeated registration repeats the DrainNode."""
+        self._leaving = False
+        """``drain`` emitted the DeregisterNode: RegisterAgain is ignored."""
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self.registrations = 0
+        """RegisterNode inputs emitted (the first at start, one per accepted RegisterAgain)."""
         self.send_failures = 0
         self.trace: list[tuple[float, str, str]] = []
         """(epoch seconds, attempt id, what happened): signals, group gone, reports; for timelines."""
@@ -138,7 +152,7 @@ class NodeAgent:
         self._registered = False
         for sub in ("logs", "checkpoints"):
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
-        self._emit(RegisterNode(**self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots))
+        self._register()
         self._recover()
         self._tasks.append(asyncio.create_task(self._sender(), name=f"agent-{self.node_id}-outbox"))
         self._tasks.append(asyncio.create_task(self._heartbeats(), name=f"agent-{self.node_id}-heartbeat"))
@@ -146,6 +160,7 @@ class NodeAgent:
     async def drain(self, timeout: float | None = None) -> None:
         """DrainNode; wait for the attempts to end (at most ``timeout`` s, then stop them: STOPPED);
         DeregisterNode; flush the outbox; stop."""
+        self._draining = True
         self._emit(DrainNode(**self._meta(), node_id=self.node_id))
         pending = [a.done.wait() for a in self._attempts.values() if not a.done.is_set()]
         if pending:
@@ -157,6 +172,7 @@ class NodeAgent:
                 self._request_stop(att, f"Node {self.node_id} drained: attempt handed back")
         for att in list(self._attempts.values()):
             await att.done.wait()
+        self._leaving = True
         self._emit(DeregisterNode(**self._meta(), node_id=self.node_id))
         await self.flush()
         await self.stop()
@@ -206,6 +222,30 @@ class NodeAgent:
                 log.info("ignoring StopAttempt for unknown or finished attempt %s", command.attempt_id)
                 return
             self._request_stop(stopping, command.reason)
+        elif isinstance(command, RegisterAgain):
+            self._register_again(command.reason)
+
+    def _register(self) -> None:
+        self.registrations += 1
+        self._emit(RegisterNode(**self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots))
+
+    def _register_again(self, reason: str) -> None:
+        """The scheduler does not count the node as registered (lost, or unknown): register again and
+        re-report the attempts still running, so the scheduler fences those it no longer assigns."""
+        if not self._started or self._leaving:
+            log.info("ignoring RegisterAgain (%s): the agent is not running or deregisters", reason)
+            return
+        if any(isinstance(m, RegisterNode) for m in self._outbox):
+            log.info("ignoring RegisterAgain (%s): a RegisterNode is on its way", reason)
+            return
+        log.warning("node %s registers again: %s", self.node_id, reason)
+        self._register()
+        for att in list(self._attempts.values()):
+            if att.done.is_set() or att.stop_reason is not None or att.exited:
+                continue  # over, or about to report STOPPED
+            self._report(att, "RUNNING" if att.handle is not None else "STARTING")
+        if self._draining:
+            self._emit(DrainNode(**self._meta(), node_id=self.node_id))
 
     def _request_stop(self, att: _Attempt, reason: str) -> None:
         if att.stop_reason is not None or att.exited:

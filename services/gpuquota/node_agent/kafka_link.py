@@ -12,7 +12,8 @@ the end of the partition. ``start()`` resolves that position *before* the agent 
 command for the node can be produced before the link reads from a fixed offset. Commands that do not
 decode go to the dead-letter topic. Duplicates (the scheduler republishes after a restart) are
 harmless: the agent ignores a RunAttempt it already ran and a StopAttempt for an attempt it does not
-run.
+run, and registering again (``RegisterAgain``) twice only repeats a registration the scheduler takes
+idempotently.
 """
 
 from __future__ import annotations

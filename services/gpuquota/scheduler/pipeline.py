@@ -27,8 +27,9 @@ appended together (group commit, see "Batches"). ``handle(record)`` is a batch o
 Publishing happens after the append, so a crash between the two loses publications, never decisions.
 Recovery closes that gap: loading a pool folds the latest snapshot plus the log after it and publishes
 the tail's job events again, and its node commands that still matter (a ``RunAttempt`` whose attempt is
-still only SCHEDULED, every ``StopAttempt``). A snapshot is saved only once every publication up to
-its sequence is acknowledged by the broker, so nothing before a snapshot needs publishing again.
+still only SCHEDULED, every ``StopAttempt``, a ``RegisterAgain`` while its node is still lost). A
+snapshot is saved only once every publication up to its sequence is acknowledged by the broker, so
+nothing before a snapshot needs publishing again.
 Consumers therefore see each event at least once and de-duplicate by event id; node agents ignore a
 ``RunAttempt`` they already ran and a ``StopAttempt`` for an attempt they do not run.
 
@@ -84,7 +85,7 @@ from gpuquota.wire.base import JobStatus
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
-from gpuquota.wire.node_commands import NodeCommand, RunAttempt
+from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt
 
 log = logging.getLogger(__name__)
 
@@ -716,7 +717,11 @@ def _job_state(state: ClusterState, event: SchedulerEvent) -> list[JobStateRecor
 
 
 def _still_needed(state: ClusterState, command: NodeCommand) -> bool:
-    """On recovery: a RunAttempt matters only while its attempt is current and not yet reported."""
+    """On recovery: a RunAttempt matters only while its attempt is current and not yet reported, a
+    RegisterAgain only while its node is unknown or lost."""
+    if isinstance(command, RegisterAgain):
+        node = state.nodes.get(command.node_id)
+        return node is None or not node.online
     if not isinstance(command, RunAttempt):
         return True
     job = state.jobs.get(command.job_id)

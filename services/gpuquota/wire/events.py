@@ -33,6 +33,8 @@ class InputRejected(Message):
     input_type: str
     reason: str
     job_id: str | None = None
+    node_id: str | None = None
+    """Set when a node's heartbeat is rejected (the node is unknown or lost): it must register again."""
 
 
 class SchedulingPolicyChanged(Message):

@@ -2,7 +2,9 @@
 
 The scheduler shell derives them from decided events: ``JobDispatched`` becomes one ``RunAttempt``
 per node of the placement; ``JobPreempted``, ``JobStopRequested`` and ``AttemptFenced`` become
-``StopAttempt``. ``event_id`` derives from the event's id, so consumers can de-duplicate.
+``StopAttempt``; an ``InputRejected`` of a node's heartbeat (the node is unknown or was declared lost
+while its agent kept running) becomes ``RegisterAgain``. ``event_id`` derives from the event's id, so
+consumers can de-duplicate.
 """
 
 from __future__ import annotations
@@ -38,5 +40,15 @@ class StopAttempt(Message):
     """Seconds between SIGTERM and SIGKILL; ``None``: the node agent's ``GPUQUOTA_PREEMPTION_GRACE``."""
 
 
-NodeCommand = Annotated[RunAttempt | StopAttempt, Field(discriminator="type")]
+class RegisterAgain(Message):
+    """The scheduler does not count the node as registered (lost after missed heartbeats, or unknown):
+    the agent sends its ``RegisterNode`` again and re-reports the attempts it still runs (the
+    scheduler fences those it no longer assigns to the node)."""
+
+    type: Literal["RegisterAgain"] = "RegisterAgain"
+    node_id: str
+    reason: str
+
+
+NodeCommand = Annotated[RunAttempt | StopAttempt | RegisterAgain, Field(discriminator="type")]
 NODE_COMMAND_ADAPTER: TypeAdapter[NodeCommand] = TypeAdapter(NodeCommand)

@@ -708,3 +708,34 @@ def test_node_with_a_recent_heartbeat_is_not_lost() -> None:
     h.advance(5_000).heartbeat("node-0")  # 5 s later: not recorded
     h.tick(26_000)  # 26 s after the last heartbeat, 31 s after the last recorded one
     assert h.state.nodes["node-0"].online
+
+
+def test_a_lost_node_heartbeating_again_is_asked_to_register_again() -> None:
+    h = Harness.basic(capacity=2, nodes=2)
+    h.share(lend("QS1", 2))
+    h.submit(job("a1")).running("a1")
+    (placed,) = h.placement("a1")
+    lost_node = placed[0]
+    other = "node-1" if lost_node == "node-0" else "node-0"
+    h.elapse(38_000, silent=[lost_node])
+    assert not h.state.nodes[lost_node].online
+    # S5.7: the lost node's attempt was requeued and runs elsewhere
+    assert h.placement("a1") == [(other, (0,), (0,))] and h.record("a1").attempt_number == 2
+    # the agent is alive and heartbeats again: rejected, naming the node (the shells answer RegisterAgain)
+    (rejected,) = h.feed(inp.NodeHeartbeat, node_id=lost_node)
+    assert isinstance(rejected, ev.InputRejected)
+    assert (rejected.input_type, rejected.node_id, rejected.job_id) == ("NodeHeartbeat", lost_node, None)
+    assert rejected.reason == f"Node {lost_node} is not registered; register it again"
+    # a node the scheduler never knew: the same
+    (unknown,) = h.feed(inp.NodeHeartbeat, node_id="stranger")
+    assert isinstance(unknown, ev.InputRejected) and unknown.node_id == "stranger"
+    # other rejections name no node
+    (other_rejection,) = h.feed(inp.DrainNode, node_id="stranger")
+    assert isinstance(other_rejection, ev.InputRejected) and other_rejection.node_id is None
+    # the agent registers again and re-reports its stale attempt: fenced
+    h.node(lost_node, ml_g5_xlarge=1)
+    assert h.state.nodes[lost_node].online
+    h.report_attempt(lost_node, "a1", "a1#1", "RUNNING")
+    (fenced,) = h.last
+    assert isinstance(fenced, ev.AttemptFenced) and (fenced.node_id, fenced.attempt_id) == (lost_node, "a1#1")
+    assert h.feed(inp.NodeHeartbeat, node_id=lost_node) == []  # registered: nothing to reject

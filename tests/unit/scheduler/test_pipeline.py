@@ -15,7 +15,7 @@ from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.inputs import SchedulerInput
-from gpuquota.wire.node_commands import NodeCommand, RunAttempt
+from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt
 from tests.builders import Harness, job
 
 TOPIC = "in"
@@ -182,6 +182,30 @@ async def test_recovery_does_not_resend_a_run_attempt_the_node_already_reported(
     await pipeline(store, again).assigned([(TOPIC, 0)])
     assert not [c for c in again.commands if isinstance(c, RunAttempt)]
     assert ("a", "RUNNING") in again.statuses()
+
+
+async def test_a_rejected_heartbeat_of_a_lost_node_asks_it_to_register_again() -> None:
+    h = Harness.basic(capacity=2, nodes=2)
+    h.elapse(38_000, silent=["node-0"])
+    assert not h.state.nodes["node-0"].online
+    store, publisher = InMemoryEventStore(), FakePublisher()
+    p = pipeline(store, publisher, snapshot_every=10_000)
+    await feed(p, records(h.inputs))
+    beat = inp.NodeHeartbeat(event_id="beat-1", occurred_at=h.now + 1, node_id="node-0")
+    assert await p.handle(records([beat], start=len(h.inputs))[0]) is Outcome.DECIDED
+    (command,) = [c for c in publisher.commands if isinstance(c, RegisterAgain)]
+    assert (command.node_id, command.event_id) == ("node-0", "beat-1/0")
+
+    # recovery republishes it while the node is still lost, not once it registered again
+    again = FakePublisher()
+    await pipeline(store, again).assigned([(TOPIC, 0)])
+    assert [c.node_id for c in again.commands if isinstance(c, RegisterAgain)] == ["node-0"]
+    slots = h.state.nodes["node-0"].slots
+    register = inp.RegisterNode(event_id="reg-1", occurred_at=h.now + 2, node_id="node-0", slots=slots)
+    await feed(p, records([register], start=len(h.inputs) + 1))
+    after = FakePublisher()
+    await pipeline(store, after).assigned([(TOPIC, 0)])
+    assert not [c for c in after.commands if isinstance(c, RegisterAgain)]
 
 
 async def test_store_unavailable_retries_the_same_append_and_decides_once() -> None:
