@@ -206,16 +206,22 @@ async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.sub
     return proc
 
 
-async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AIOKafkaProducer) -> None:
-    """Plays every node agent: each RunAttempt is answered at once with SUCCEEDED."""
+async def _started_consumer(kafka: str, topic: str) -> AIOKafkaConsumer:
+    """A consumer of ``topic`` from its start that fetches as soon as there is something to read."""
     consumer = AIOKafkaConsumer(
-        topics.node_commands,
+        topic,
         bootstrap_servers=kafka,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=FETCH_WAIT_MS,
         fetch_min_bytes=FETCH_MIN_BYTES,
     )
     await consumer.start()
+    return consumer
+
+
+async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AIOKafkaProducer) -> None:
+    """Plays every node agent: each RunAttempt is answered at once with SUCCEEDED."""
+    consumer = await _started_consumer(kafka, topics.node_commands)
     try:
         async for record in consumer:
             command = NODE_COMMAND_ADAPTER.validate_json(record.value or b"")
@@ -235,14 +241,7 @@ async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AI
 
 
 async def _observe(kafka: str, topics: KafkaTopics, watch: Watch) -> None:
-    consumer = AIOKafkaConsumer(
-        topics.job_state,
-        bootstrap_servers=kafka,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=FETCH_WAIT_MS,
-        fetch_min_bytes=FETCH_MIN_BYTES,
-    )
-    await consumer.start()
+    consumer = await _started_consumer(kafka, topics.job_state)
     try:
         async for record in consumer:
             if b'"JobDispatched"' not in (record.value or b""):
