@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +27,9 @@ from tests.builders import Harness, job
 from tests.pipeline.conftest import PARTITIONS, Producer, TcpProxy, scheduler_config, unique, wait_until
 
 pytestmark = pytest.mark.integration
+
+OUTAGE_SECONDS = 10.0
+"""How long the database stays unreachable in the outage test (issue #4 asks for 10 s)."""
 
 
 @asynccontextmanager
@@ -209,9 +213,13 @@ async def test_no_decisions_while_the_database_is_unreachable_then_resume(
         await logged(store, pool, half)
 
         await proxy.stop()  # PostgreSQL is unreachable from the scheduler now
+        cut_at = time.monotonic()
         for message in inputs[half:]:
             await producer.send(message)
         await wait_until(lambda: pipeline.stats.transient_errors >= 3, 20, "failed appends being retried")
+        # The fault lasts OUTAGE_SECONDS (issue #4: the database away for 10 s), however soon the
+        # retries started: this sleep is the length of the outage, not a synchronisation.
+        await asyncio.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - cut_at)))
         assert not pipeline.store_available
         assert await store.last_seq(pool) == half  # nothing decided without a durable log
         assert pipeline.stats.decided == half
