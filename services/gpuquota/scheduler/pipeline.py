@@ -546,46 +546,41 @@ class Pipeline:
         events: Sequence[SchedulerEvent],
         position: Position | None,
     ) -> int:
-        failed = False
-        delay = self.retry_initial
-        deadline = time.monotonic() + self.store_retry_seconds
-        while True:
-            try:
-                seq = await self.store.append(runtime.pool, runtime.seq, message, events, position)
-                self.store_available = True
-                return seq
-            except DuplicateInput:
-                if failed and await self._recorded_next(runtime, message.event_id):
-                    self.store_available = True
-                    return runtime.seq + 1  # the append that failed in transit had committed
-                raise
-            except TransientStoreError as exc:
-                failed = True
-                self._unavailable(exc, deadline, f"pool {runtime.pool}: append")
-                await asyncio.sleep(delay)  # back-off before retrying the same append
-                delay = min(delay * 2, self.retry_max)
+        return await self._retried_append(
+            runtime,
+            [message.event_id],
+            lambda: self.store.append(runtime.pool, runtime.seq, message, events, position),
+        )
 
     async def _append_many(self, runtime: PoolRuntime, entries: list[BatchEntry]) -> int:
         """``append_many`` with the retries of ``_append``; the batch's last sequence."""
-        failed = False
-        delay = self.retry_initial
-        deadline = time.monotonic() + self.store_retry_seconds
-        ids = [message.event_id for message, _, _ in entries]
-        while True:
+        return await self._retried_append(
+            runtime,
+            [message.event_id for message, _, _ in entries],
+            lambda: self.store.append_many(runtime.pool, runtime.seq, entries),
+        )
+
+    async def _retried_append(
+        self, runtime: PoolRuntime, input_ids: list[str], append: Callable[[], Awaitable[int]]
+    ) -> int:
+        """``append()`` of ``input_ids`` after ``runtime.seq``, retried like every store call.
+
+        A ``DuplicateInput`` after a failed try means that try had committed in transit if the log's
+        next records are exactly these inputs: that is success, not a duplicate.
+        """
+        tries = 0
+
+        async def attempt() -> int:
+            nonlocal tries
+            tries += 1
             try:
-                seq = await self.store.append_many(runtime.pool, runtime.seq, entries)
-                self.store_available = True
-                return seq
+                return await append()
             except DuplicateInput:
-                if failed and await self._recorded_next(runtime, *ids):
-                    self.store_available = True
-                    return runtime.seq + len(entries)  # the append that failed in transit had committed
+                if tries > 1 and await self._recorded_next(runtime, *input_ids):
+                    return runtime.seq + len(input_ids)
                 raise
-            except TransientStoreError as exc:
-                failed = True
-                self._unavailable(exc, deadline, f"pool {runtime.pool}: append")
-                await asyncio.sleep(delay)  # back-off before retrying the same append
-                delay = min(delay * 2, self.retry_max)
+
+        return await self._with_retry(attempt, f"pool {runtime.pool}: append")
 
     async def _recorded_next(self, runtime: PoolRuntime, *input_ids: str) -> bool:
         """Whether the log's next records after ``runtime.seq`` are ``input_ids``, in order."""
@@ -593,6 +588,8 @@ class Pipeline:
         return [record.input.event_id for record in following] == list(input_ids)
 
     async def _with_retry(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
+        """``call()``, retried with back-off while the store is unreachable (``TransientStoreError``),
+        deciding nothing meanwhile, for at most ``store_retry_seconds``; then ``PipelineFailed``."""
         delay = self.retry_initial
         deadline = time.monotonic() + self.store_retry_seconds
         while True:
