@@ -63,29 +63,6 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
 )
 
-_APPEND = """
-WITH ins AS (
-    INSERT INTO inputs
-        (pool, input_seq, input_id, source_topic, source_partition, source_offset, data, events)
-    SELECT $1, $2::bigint + 1, $3, $4::text, $5::int, $6::bigint - 1, $7::jsonb, $8::jsonb
-    WHERE $2::bigint = 0 OR EXISTS (SELECT 1 FROM inputs WHERE pool = $1 AND input_seq = $2::bigint)
-    RETURNING input_seq, events
-), evs AS (
-    INSERT INTO events (pool, seq, event_id, event_type, schema_version, occurred_at, data, input_seq)
-    SELECT $1, base.seq + e.n, e.data->>'event_id', e.data->>'type',
-           (e.data->>'schema_version')::smallint,
-           to_timestamp((e.data->>'occurred_at')::bigint / 1000.0), e.data, ins.input_seq
-    FROM ins,
-         (SELECT COALESCE(MAX(seq), 0) AS seq FROM events WHERE pool = $1) AS base,
-         jsonb_array_elements(ins.events) WITH ORDINALITY AS e(data, n)
-), pos AS (
-    INSERT INTO consumer_positions (pool, topic, partition, next_offset)
-    SELECT $1, $4::text, $5::int, $6::bigint FROM ins WHERE $4::text IS NOT NULL
-    ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset
-)
-SELECT input_seq FROM ins
-"""
-
 _APPEND_MANY = """
 WITH batch AS (
     SELECT * FROM unnest($3::text[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[])
@@ -180,18 +157,7 @@ class PostgresEventStore:
         events: Sequence[SchedulerEvent],
         position: Position | None = None,
     ) -> int:
-        source: tuple[str | None, int | None, int | None] = (None, None, None)
-        if position is not None:
-            source = (position.topic, position.partition, position.next_offset)
-        args = (pool, expected_seq, message.event_id, *source, encode_input(message), encode_events(events))
-        with _transient():
-            try:
-                seq = await self._pool.fetchval(_APPEND, *args)
-            except asyncpg.UniqueViolationError as exc:
-                await self._refuse(pool, expected_seq, message.event_id, exc.constraint_name)
-            if seq is None:
-                await self._refuse(pool, expected_seq, message.event_id, None)
-        return int(seq)
+        return await self.append_many(pool, expected_seq, [(message, events, position)])
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         if not entries:
@@ -230,15 +196,14 @@ class PostgresEventStore:
         return {row[0] for row in rows}
 
     async def _refuse(
-        self, pool: str, expected_seq: int, input_ids: str | list[str], constraint: str | None
+        self, pool: str, expected_seq: int, input_ids: list[str], constraint: str | None
     ) -> NoReturn:
         """Raises the error that explains why an append did not insert its row(s)."""
-        ids = [input_ids] if isinstance(input_ids, str) else input_ids
-        recorded = await self.recorded_inputs(ids)
+        recorded = await self.recorded_inputs(input_ids)
         if recorded:
-            raise DuplicateInput(next(i for i in ids if i in recorded))
+            raise DuplicateInput(next(i for i in input_ids if i in recorded))
         if constraint == "events_event_id_key":
-            raise EventStoreError(f"pool {pool}: an event id of input(s) {ids[:3]} is already recorded")
+            raise EventStoreError(f"pool {pool}: an event id of input(s) {input_ids[:3]} is already recorded")
         last = await self.last_seq(pool)
         raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
 

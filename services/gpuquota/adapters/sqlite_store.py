@@ -111,9 +111,7 @@ class SqliteEventStore:
         events: Sequence[SchedulerEvent],
         position: Position | None = None,
     ) -> int:
-        row = (encode_input(message), encode_events(events))
-        input_id = message.event_id
-        return await self._call(lambda conn: _append(conn, pool, expected_seq, input_id, row, position))
+        return await self.append_many(pool, expected_seq, [(message, events, position)])
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         """Several inputs in one transaction: one commit and one thread hop for all."""
@@ -200,39 +198,6 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
 def _last_seq(conn: sqlite3.Connection, pool: str) -> int:
     row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM inputs WHERE pool = ?", (pool,)).fetchone()
     return int(row[0])
-
-
-def _append(
-    conn: sqlite3.Connection,
-    pool: str,
-    expected_seq: int,
-    input_id: str,
-    row: tuple[str, str],
-    position: Position | None,
-) -> int:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if conn.execute("SELECT 1 FROM inputs WHERE input_id = ?", (input_id,)).fetchone():
-            raise DuplicateInput(input_id)
-        last = _last_seq(conn, pool)
-        if last != expected_seq:
-            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
-        conn.execute(
-            "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
-            " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (pool, expected_seq + 1, input_id, *_source(position), *row),
-        )
-        if position is not None:
-            conn.execute(
-                "INSERT INTO consumer_positions (pool, topic, partition, next_offset) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (pool, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
-                (pool, position.topic, position.partition, position.next_offset),
-            )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return expected_seq + 1
 
 
 def _recorded(conn: sqlite3.Connection, input_ids: list[str]) -> set[str]:
