@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.report import print_result
 from gpuquota import _native
 from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.embedded import GC_THRESHOLDS
@@ -276,11 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--queued must be >= 0 and --inputs >= 1")
     progress = not args.json or sys.stderr.isatty()
     result = run(args.queued, args.inputs, args.seed, progress, args.mode, not args.default_gc)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>22}: {value}")
+    print_result(result, args.json)
     return 0
 
 

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from benchmarks.report import print_result
+
 QUEUE = "jq"
 SHARES = ("QS1", "QS2", "QS3")
 UNIT = "ml.g5.xlarge"
@@ -429,11 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         return serve_mode(args.serve)
     result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:40} {value}")
+    print_result(result, args.json)
     return 0
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import resource
 import shutil
@@ -51,6 +50,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from benchmarks.report import print_result
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
@@ -455,11 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
     else:
         result = asyncio.run(throughput(args.rate, args.seconds, args.drain, args.windows))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:32} {value}")
+    print_result(result, args.json)
     return 0
 
 
