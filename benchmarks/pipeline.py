@@ -67,6 +67,7 @@ from gpuquota.wire.base import (
     Strategy,
 )
 from gpuquota.wire.dead_letters import DeadLetter
+from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.events import EVENT_ADAPTER, JobDispatched
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, NodeCommand, RunAttempt
@@ -373,7 +374,10 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 class NullPublisher:
     async def publish(
-        self, records: Sequence[JobStateRecord], commands: Sequence[NodeCommand]
+        self,
+        records: Sequence[JobStateRecord],
+        commands: Sequence[NodeCommand],
+        results: Sequence[InputResult] = (),
     ) -> list[Awaitable[object]]:
         return []
 

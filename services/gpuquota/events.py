@@ -9,10 +9,11 @@
             if t.terminal:
                 break
 
-``submit`` and ``update_priority`` produce ``SubmitJob`` / ``UpdateJobPriority`` to
-``gpuquota.scheduler.inputs`` keyed by the pool, and return once the broker has the record. There is
-no HTTP round trip and so no synchronous validation: an input the scheduler refuses produces no job
-events (the refusal is in the scheduler's log and in the gateway's read model).
+``submit``, ``update_priority`` and ``terminate`` produce ``SubmitJob`` / ``UpdateJobPriority`` /
+``TerminateJob`` to ``gpuquota.scheduler.inputs`` keyed by the pool, and return once the broker has
+the record; with ``wait=True`` they return once the scheduler has answered on
+``gpuquota.input-results`` (``InputResult``, correlated by the input's ``event_id``), and raise
+``InputRefused`` (with the reason the HTTP API would give) if it rejected the input.
 
 ``transitions(queue=..., share=..., job_id=...)`` reads ``gpuquota.job-state``: every job event with
 the job's new status, in order per job. Streams start where the job-state topic ended when the client
@@ -23,6 +24,8 @@ scheduler (it republishes after a restart); the client drops repeated event ids.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -39,8 +42,18 @@ from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import TERMINAL_STATUSES, JobSpec, JobStatus
 from gpuquota.wire.events import EVENT_ADAPTER, SchedulerEvent
+from gpuquota.wire.input_results import InputResult
 
 _SEEN = 100_000
+DEFAULT_WAIT_SECONDS = 60.0
+
+
+class InputRefused(Exception):
+    """The scheduler rejected an input; ``result.reason`` says why (as the HTTP API would)."""
+
+    def __init__(self, result: InputResult) -> None:
+        super().__init__(result.reason)
+        self.result = result
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,9 @@ class EventsClient:
         self.topics = KafkaTopics(topic_prefix)
         self._producer = InputProducer(bootstrap, self.topics, client_id="gpuquota-events")
         self._start: dict[TopicPartition, int] = {}
+        self._results_start: tuple[TopicPartition, int] | None = None
+        self._waiters: dict[str, asyncio.Future[InputResult]] = {}
+        self._results_reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._producer.start()
@@ -78,10 +94,18 @@ class EventsClient:
             partitions = await self._producer.partitions_for(self.topics.job_state)
             tps = [TopicPartition(self.topics.job_state, p) for p in partitions]
             self._start = dict(await probe.end_offsets(tps))
+            # the pool's results, from before anything this client sends: no answer can be missed
+            count = len(await self._producer.partitions_for(self.topics.input_results))
+            results = TopicPartition(self.topics.input_results, partition_for(self.pool, count))
+            self._results_start = (results, (await probe.end_offsets([results]))[results])
         finally:
             await probe.stop()
 
     async def stop(self) -> None:
+        if self._results_reader is not None:
+            self._results_reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._results_reader
         await self._producer.stop()
 
     async def __aenter__(self) -> Self:
@@ -109,8 +133,14 @@ class EventsClient:
         retry_attempts: int = 1,
         attempt_duration_seconds: int | None = None,
         tags: Mapping[str, str] | None = None,
+        wait: bool = False,
+        timeout: float = DEFAULT_WAIT_SECONDS,
     ) -> str:
-        """Submit a job (a SageMaker CreateTrainingJob ``payload``); return its id."""
+        """Submit a job (a SageMaker CreateTrainingJob ``payload``); return its id.
+
+        ``wait``: return only once the scheduler accepted it; ``InputRefused`` if it rejected it,
+        ``TimeoutError`` if it did not answer within ``timeout`` seconds.
+        """
         if payload is None:
             payload = {
                 "TrainingJobName": job_name,
@@ -131,22 +161,79 @@ class EventsClient:
             payload=payload if isinstance(payload, str) else json.dumps(payload),
             tags=dict(tags or {}),
         )
-        await self._producer.send(
-            self.pool, inp.SubmitJob(event_id=str(uuid.uuid4()), occurred_at=now, job=spec)
-        )
+        message = inp.SubmitJob(event_id=str(uuid.uuid4()), occurred_at=now, job=spec)
+        await self.send(message, wait=wait, timeout=timeout)
         return spec.job_id
 
-    async def update_priority(self, job_id: str, priority: int) -> None:
+    async def update_priority(
+        self, job_id: str, priority: int, *, wait: bool = False, timeout: float = DEFAULT_WAIT_SECONDS
+    ) -> None:
         message = inp.UpdateJobPriority(
             event_id=str(uuid.uuid4()), occurred_at=_now_ms(), job_id=job_id, priority=priority
         )
-        await self._producer.send(self.pool, message)
+        await self.send(message, wait=wait, timeout=timeout)
 
-    async def terminate(self, job_id: str, reason: str = "Terminated by user") -> None:
+    async def terminate(
+        self,
+        job_id: str,
+        reason: str = "Terminated by user",
+        *,
+        wait: bool = False,
+        timeout: float = DEFAULT_WAIT_SECONDS,
+    ) -> None:
         message = inp.TerminateJob(
             event_id=str(uuid.uuid4()), occurred_at=_now_ms(), job_id=job_id, reason=reason
         )
-        await self._producer.send(self.pool, message)
+        await self.send(message, wait=wait, timeout=timeout)
+
+    async def send(
+        self, message: inp.SchedulerInput, *, wait: bool = False, timeout: float = DEFAULT_WAIT_SECONDS
+    ) -> InputResult | None:
+        """Produce any input; with ``wait``, its accepted result (else ``InputRefused``, ``TimeoutError``)."""
+        if not wait:
+            await self._producer.send(self.pool, message)
+            return None
+        answer = self._expect(message.event_id)
+        try:
+            await self._producer.send(self.pool, message)
+            result = await asyncio.wait_for(asyncio.shield(answer), timeout)
+        finally:
+            self._waiters.pop(message.event_id, None)
+        if result.outcome == "REJECTED":
+            raise InputRefused(result)
+        return result
+
+    def _expect(self, input_event_id: str) -> asyncio.Future[InputResult]:
+        assert self._results_start is not None, "start() the client first"
+        if self._results_reader is None or self._results_reader.done():
+            self._results_reader = asyncio.create_task(self._read_results(*self._results_start))
+        future: asyncio.Future[InputResult] = asyncio.get_running_loop().create_future()
+        self._waiters[input_event_id] = future
+        return future
+
+    async def _read_results(self, partition: TopicPartition, offset: int) -> None:
+        """Resolve the waiters of this client's inputs from the pool's results partition."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([partition])
+            consumer.seek(partition, offset)
+            while True:
+                batch = await consumer.getmany(timeout_ms=1000)
+                for records in batch.values():
+                    for record in records:
+                        self._answer(record.value or b"")
+        finally:
+            await consumer.stop()
+
+    def _answer(self, value: bytes) -> None:
+        try:
+            result = InputResult.model_validate_json(value)
+        except ValueError:
+            return  # not a result this client knows (a newer schema): skip it
+        waiter = self._waiters.get(result.input_event_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
 
     # ----- transitions ---------------------------------------------------------------------------
 

@@ -23,7 +23,14 @@ from aiokafka.partitioner import murmur2
 
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
-from gpuquota.wire.topics import DEAD_LETTER, JOB_STATE, NODE_COMMANDS, SCHEDULER_INPUTS, Topic
+from gpuquota.wire.topics import (
+    DEAD_LETTER,
+    INPUT_RESULTS,
+    JOB_STATE,
+    NODE_COMMANDS,
+    SCHEDULER_INPUTS,
+    Topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,10 @@ class KafkaTopics:
         return self.prefix + JOB_STATE.name
 
     @property
+    def input_results(self) -> str:
+        return self.prefix + INPUT_RESULTS.name
+
+    @property
     def node_commands(self) -> str:
         return self.prefix + NODE_COMMANDS.name
 
@@ -67,6 +78,7 @@ class KafkaTopics:
         return [
             (self.inputs, SCHEDULER_INPUTS),
             (self.job_state, JOB_STATE),
+            (self.input_results, INPUT_RESULTS),
             (self.node_commands, NODE_COMMANDS),
             (self.dead_letter, DEAD_LETTER),
         ]

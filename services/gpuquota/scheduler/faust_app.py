@@ -56,6 +56,7 @@ from gpuquota.adapters.kafka import (
 from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineFailed, SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
+from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.node_commands import NodeCommand
 
 log = logging.getLogger(__name__)
@@ -278,14 +279,18 @@ class FaustPublisher:
         self.topics = topics
 
     async def publish(
-        self, records: Sequence[JobStateRecord], commands: Sequence[NodeCommand]
+        self,
+        records: Sequence[JobStateRecord],
+        commands: Sequence[NodeCommand],
+        results: Sequence[InputResult] = (),
     ) -> list[Awaitable[object]]:
         producer = cast(Any, self.app.producer)._ensure_producer()
-        counts = {
-            topic: len(await producer.partitions_for(topic))
-            for topic, wanted in ((self.topics.node_commands, commands), (self.topics.job_state, records))
-            if wanted
-        }
+        wanted = (
+            (self.topics.node_commands, commands),
+            (self.topics.job_state, records),
+            (self.topics.input_results, results),
+        )
+        counts = {topic: len(await producer.partitions_for(topic)) for topic, items in wanted if items}
         batches: dict[tuple[str, int], list[Any]] = {}
 
         def add(topic: str, key: bytes, value: bytes, headers: Headers) -> None:
@@ -305,7 +310,12 @@ class FaustPublisher:
             if record.share is not None:
                 queue, share = record.share
                 headers += [("job_queue", queue.encode()), ("quota_share", share.encode())]
+            if record.cause is not None:
+                headers.append(("input_event_id", record.cause.encode()))
             add(self.topics.job_state, job_id_of(record.event).encode(), encode(record.event), headers)
+        for result in results:
+            headers = [*message_headers(result), ("input_event_id", result.input_event_id.encode())]
+            add(self.topics.input_results, result.pool.encode(), encode(result), headers)
         deliveries: list[Awaitable[object]] = []
         for (topic, partition), builders in batches.items():
             for builder in builders:

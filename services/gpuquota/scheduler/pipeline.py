@@ -22,11 +22,15 @@ appended together (group commit, see "Batches"). ``handle(record)`` is a batch o
    nothing else meanwhile (the pool's lock is held), for at most ``store_retry_seconds``, then fail.
 4. ``evolve`` the state, deriving node commands from the state *before* each event.
 5. publish job events to ``gpuquota.job-state`` (key job id) and node commands to
-   ``gpuquota.node-commands`` (key node id); each record carries its event id (``event_id``).
+   ``gpuquota.node-commands`` (key node id); each record carries its event id (``event_id``), and a
+   job event the id of the input that caused it (header ``input_event_id``). The input's answer, an
+   ``InputResult`` (``gpuquota.wire.input_results``), goes to ``gpuquota.input-results`` (key pool)
+   with them; a dead-lettered record that names an ``event_id`` is answered there too (REJECTED).
+   A redelivered input is skipped (2, 3) and so never answered twice.
 
 Publishing happens after the append, so a crash between the two loses publications, never decisions.
 Recovery closes that gap: loading a pool folds the latest snapshot plus the log after it and publishes
-the tail's job events again, and its node commands that still matter (a ``RunAttempt`` whose attempt is
+the tail's job events and input results again, and its node commands that still matter (a ``RunAttempt`` whose attempt is
 still only SCHEDULED, every ``StopAttempt``, a ``RegisterAgain`` while its node is still lost). A
 snapshot is saved only once every publication up to its sequence is acknowledged by the broker, so
 nothing before a snapshot needs publishing again.
@@ -84,6 +88,7 @@ from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.input_results import InputResult, result_of, result_of_undecodable
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt
 
@@ -120,11 +125,16 @@ class JobStateRecord:
 
     event: SchedulerEvent
     share: ShareKey | None
+    cause: str | None = None
+    """The event id of the input that caused the event (header ``input_event_id``)."""
 
 
 class Publisher(Protocol):
     async def publish(
-        self, records: Sequence[JobStateRecord], commands: Sequence[NodeCommand]
+        self,
+        records: Sequence[JobStateRecord],
+        commands: Sequence[NodeCommand],
+        results: Sequence[InputResult] = (),
     ) -> list[Awaitable[object]]:
         """Hand the records to the producer, in order; return one delivery awaitable per record."""
         ...
@@ -355,19 +365,23 @@ class Pipeline:
         quiet: list[_Item] = []
         records: list[JobStateRecord] = []
         commands: list[NodeCommand] = []
+        results: list[InputResult] = []
         since = runtime.since_snapshot
         snapshot: Snapshot | None = None
+        cause = ""
 
         def before(state: ClusterState, event: SchedulerEvent) -> None:
-            records.extend(_job_state(state, event))
+            records.extend(_job_state(state, event, cause))
             commands.extend(node_commands(state, event))
 
         try:
             for item in items:
+                cause = item.message.event_id
                 events = step(state, item.message, before)  # decided and applied: the log is behind
                 if not events and isinstance(item.message, _QUIET_INPUTS):
                     quiet.append(item)
                     continue
+                results.extend(_result(item.message, events, runtime.pool, self.clock()))
                 entries.append((item.message, events, item.position))
                 decided.append(item)
                 since += 1
@@ -393,8 +407,8 @@ class Pipeline:
         for item in decided:
             runtime.positions[(item.position.topic, item.position.partition)] = item.position.next_offset
             done[item.index] = Outcome.DECIDED
-        if records or commands:
-            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands)))
+        if records or commands or results:
+            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands, results)))
         self.stats.decided += len(decided)
         self.stats.batches += 1 if entries else 0
         runtime.since_snapshot = since
@@ -485,20 +499,22 @@ class Pipeline:
                 log.warning("pool %s: ignoring snapshot at %d: %s", pool, snapshot.seq, exc)
         records: list[JobStateRecord] = []
         commands: list[NodeCommand] = []
+        results: list[InputResult] = []
         tail = 0
         while batch := await self.store.read(pool, after_seq=seq):
             for record in batch:
+                results.extend(_result(record.input, record.events, pool, self.clock()))
                 for event in record.events:
-                    records.extend(_job_state(state, event))
+                    records.extend(_job_state(state, event, record.input.event_id))
                     commands.extend(node_commands(state, event))
                     evolve(state, event)
                 seq = record.seq
                 tail += 1
         runtime = PoolRuntime(pool, state, seq, await self.store.positions(pool))
         needed = [c for c in commands if _still_needed(state, c)]
-        if records or needed:
-            runtime.inflight.extend(self._watch(await self.publisher.publish(records, needed)))
-            self.stats.republished += len(records) + len(needed)
+        if records or needed or results:
+            runtime.inflight.extend(self._watch(await self.publisher.publish(records, needed, results)))
+            self.stats.republished += len(records) + len(needed) + len(results)
         self.stats.loads += 1
         log.info(
             "pool %s: loaded at sequence %d (snapshot %s, %d records after it; republished %d)",
@@ -527,12 +543,13 @@ class Pipeline:
             runtime.positions[(position.topic, position.partition)] = position.next_offset
         records: list[JobStateRecord] = []
         commands: list[NodeCommand] = []
+        results = _result(message, events, runtime.pool, self.clock())
         for event in events:
-            records.extend(_job_state(runtime.state, event))
+            records.extend(_job_state(runtime.state, event, message.event_id))
             commands.extend(node_commands(runtime.state, event))
             evolve(runtime.state, event)
-        if records or commands:
-            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands)))
+        if records or commands or results:
+            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands, results)))
         self.stats.decided += 1
         runtime.since_snapshot += 1
         if self._snapshot_due(runtime, runtime.since_snapshot):
@@ -642,6 +659,17 @@ class Pipeline:
         log.warning("dead letter %s/%d@%d: %s", record.topic, record.partition, record.offset, reason)
         await self.publisher.dead_letter(letter, record.key)
         self.stats.dead_letters += 1
+        pool = self._pool_of(record.key)
+        answer = None if pool is None else result_of_undecodable(record.value, reason, pool, self.clock())
+        if answer is not None:  # the producer waits for an answer to its event id
+            await asyncio.gather(*await self.publisher.publish([], [], [answer]))
+
+    def _pool_of(self, key: bytes | None) -> str | None:
+        """The pool a record's key names, or None if it names none."""
+        if key is None:
+            return self.default_pool
+        pool = key.decode("utf-8", errors="replace")
+        return pool if _POOL.match(pool) else None
 
     def _snapshot_due(self, runtime: PoolRuntime, since: int) -> bool:
         if since < self.snapshot_every:
@@ -703,14 +731,21 @@ class Pipeline:
                 await task
 
 
-def _job_state(state: ClusterState, event: SchedulerEvent) -> list[JobStateRecord]:
+def _job_state(state: ClusterState, event: SchedulerEvent, cause: str) -> list[JobStateRecord]:
     """The job-state record of ``event`` (call before evolving it: the job may leave the state)."""
     if not isinstance(event, ev.JOB_STATE_EVENTS):
         return []
     if isinstance(event, ev.JobAccepted):
-        return [JobStateRecord(event, (event.job.job_queue, event.job.quota_share))]
+        return [JobStateRecord(event, (event.job.job_queue, event.job.quota_share), cause)]
     job = state.jobs.get(event.job_id)
-    return [JobStateRecord(event, None if job is None else job.share)]
+    return [JobStateRecord(event, None if job is None else job.share, cause)]
+
+
+def _result(
+    message: SchedulerInput, events: Sequence[SchedulerEvent], pool: str, now: int
+) -> list[InputResult]:
+    answer = result_of(message, events, pool, now)
+    return [] if answer is None else [answer]
 
 
 def _still_needed(state: ClusterState, command: NodeCommand) -> bool:

@@ -2,7 +2,8 @@
 
 Into ``schemas/`` (of the current directory, or ``--out``):
 
-* ``<Type>.v<schema_version>.json``: one per message type (inputs, events, node commands, dead letter);
+* ``<Type>.v<schema_version>.json``: one per message type (inputs, events, node commands, dead letter,
+  input result);
 * ``scheduler-input.json``, ``scheduler-event.json``, ``node-command.json``: the discriminated unions;
 * ``topics.json``: the topic catalogue of ``gpuquota.wire.topics``.
 
@@ -27,6 +28,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
 from gpuquota.wire.topics import TOPICS, Topic, union_members
@@ -49,7 +51,7 @@ def message_types() -> list[type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
     for union in UNIONS.values():
         found.update((m.__name__, m) for m in union_members(union))
-    found[DeadLetter.__name__] = DeadLetter
+    found.update((m.__name__, m) for m in (DeadLetter, InputResult))
     return [found[name] for name in sorted(found)]
 
 

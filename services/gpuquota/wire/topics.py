@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 from gpuquota.wire.base import Message
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.events import JOB_STATE_EVENTS
+from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
 
@@ -88,6 +89,18 @@ NODE_COMMANDS = Topic(
     retention_ms=1 * DAY_MS,
 )
 
+INPUT_RESULTS = Topic(
+    name="gpuquota.input-results",
+    key="pool",
+    schema="InputResult.v1.json",
+    messages=(InputResult,),
+    description=(
+        "One InputResult per input of gpuquota.scheduler.inputs (ACCEPTED or REJECTED with the reason), "
+        "correlated by input_event_id; heartbeats only when rejected, ticks never. Keyed by the input's "
+        "pool: a pool's results arrive in the order of its inputs."
+    ),
+)
+
 DEAD_LETTER = Topic(
     name="gpuquota.dead-letter",
     key="original key",
@@ -101,5 +114,5 @@ DEAD_LETTER = Topic(
     retention_ms=30 * DAY_MS,
 )
 
-TOPICS: tuple[Topic, ...] = (SCHEDULER_INPUTS, JOB_STATE, NODE_COMMANDS, DEAD_LETTER)
+TOPICS: tuple[Topic, ...] = (SCHEDULER_INPUTS, JOB_STATE, INPUT_RESULTS, NODE_COMMANDS, DEAD_LETTER)
 TOPICS_BY_NAME: dict[str, Topic] = {topic.name: topic for topic in TOPICS}

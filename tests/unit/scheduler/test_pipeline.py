@@ -14,6 +14,7 @@ from gpuquota.scheduler.pipeline import JobStateRecord, Outcome, Pipeline, Pipel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.dead_letters import DeadLetter
+from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt
 from tests.builders import Harness, job
@@ -25,14 +26,19 @@ class FakePublisher:
     def __init__(self) -> None:
         self.records: list[JobStateRecord] = []
         self.commands: list[NodeCommand] = []
+        self.results: list[InputResult] = []
         self.letters: list[tuple[DeadLetter, bytes | None]] = []
         self.fail_next = False
 
     async def publish(
-        self, records: Sequence[JobStateRecord], commands: Sequence[NodeCommand]
+        self,
+        records: Sequence[JobStateRecord],
+        commands: Sequence[NodeCommand],
+        results: Sequence[InputResult] = (),
     ) -> list[Awaitable[object]]:
         self.records.extend(records)
         self.commands.extend(commands)
+        self.results.extend(results)
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         if self.fail_next:
             future.set_exception(ConnectionError("broker gone"))
