@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuquota.adapters.kafka import KafkaTopics
+from tests.pipeline.recorded_schemas import check_recorded_messages
 from tests.pipeline.services import ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -40,6 +41,10 @@ async def test_demo_runs_the_worked_example_on_the_distributed_stack(
         assert "PASS  3/3 steps passed" in text
         assert (tmp_path / "demo" / "timeline.svg").is_file()
         assert await up.stop() == 0
+        # the whole run's messages, on every topic, match schemas/ (issue #18)
+        seen = await check_recorded_messages(kafka_bootstrap, topics)
+        covered = {"SubmitJob", "UpdateJobPriority", "AttemptReport", "JobAccepted", "JobRequeued", "JobFailed"}
+        assert covered | {"InputResult", "RunAttempt", "StopAttempt"} <= set(seen), seen
     except BaseException:
         print(up.tail())
         raise

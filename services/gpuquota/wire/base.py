@@ -9,7 +9,7 @@ spec (the gateway merges partial AWS updates into a full spec before sending it)
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,8 +24,20 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _envelope_required(schema: dict[str, Any]) -> None:
+    """In the JSON Schema, ``type`` and ``schema_version`` are required although they have defaults:
+    a record without its ``type`` cannot be told apart (the scheduler dead-letters it), and every
+    message on the wire carries both (interface I4)."""
+    required = schema.setdefault("required", [])
+    for name in ("type", "schema_version"):
+        if name in schema.get("properties", {}) and name not in required:
+            required.insert(0, name)
+
+
 class Message(Frozen):
     """Base of every message: an id, a time and a schema version (the ``type`` tag is per class)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_envelope_required)
 
     event_id: Annotated[str, Field(min_length=1, max_length=256)]
     occurred_at: EpochMs
@@ -125,7 +137,7 @@ class JobSpec(Frozen):
     job_name: Annotated[str, Field(min_length=1, max_length=128)]
     job_queue: Name
     quota_share: Name
-    priority: int = 0
+    priority: Priority = 0
     unit: Annotated[str, Field(min_length=1, max_length=128)]
     count: Annotated[int, Field(ge=1)] = 1
     created_at: EpochMs

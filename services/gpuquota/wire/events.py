@@ -18,6 +18,7 @@ from gpuquota.wire.base import (
     JobStatus,
     Message,
     Placement,
+    Priority,
     QuotaShareSpec,
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
@@ -182,7 +183,7 @@ class JobStopRequested(Message):
 class JobPriorityChanged(Message):
     type: Literal["JobPriorityChanged"] = "JobPriorityChanged"
     job_id: str
-    priority: int
+    priority: Priority
 
 
 class PreemptionHoldReleased(Message):

@@ -7,7 +7,9 @@ Into ``schemas/`` (of the current directory, or ``--out``):
 * ``scheduler-input.json``, ``scheduler-event.json``, ``node-command.json``: the discriminated unions;
 * ``topics.json``: the topic catalogue of ``gpuquota.wire.topics``.
 
-Schemas are pydantic's *validation* schemas (what a consumer of this code accepts). Output is
+Schemas are pydantic's *validation* schemas (what a consumer of this code accepts), with the wire
+models' constraints (ranges, lengths, patterns, enums, no unknown fields), ``type`` and
+``schema_version`` required (``Message``'s ``json_schema_extra``) and an ``$id`` each. Output is
 deterministic (sorted keys, 2-space indent, trailing newline), so the files are committed and CI
 runs ``--check``, which exits 1 and names every missing, extra or differing file. Writing removes
 ``*.json`` files that no longer correspond to a message type. Regenerate after changing any wire
@@ -34,6 +36,8 @@ from gpuquota.wire.node_commands import NodeCommand
 from gpuquota.wire.topics import TOPICS, Topic, union_members
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_ID_PREFIX = "urn:gpuquota:schemas:"
+"""Each file's ``$id`` is this prefix and its file name: stable, and the same in every checkout."""
 
 UNIONS: dict[str, Any] = {
     "scheduler-input.json": SchedulerInput,
@@ -59,6 +63,10 @@ def message_file(model: type[BaseModel]) -> str:
     return f"{model.__name__}.v{model.model_fields['schema_version'].default}.json"
 
 
+def _header(name: str) -> dict[str, str]:
+    return {"$schema": JSON_SCHEMA_DIALECT, "$id": SCHEMA_ID_PREFIX + name}
+
+
 def _topic_entry(topic: Topic) -> dict[str, Any]:
     return {
         "name": topic.name,
@@ -75,11 +83,11 @@ def render() -> dict[str, str]:
     """File name -> content of every file ``schemas/`` should hold."""
     files: dict[str, str] = {}
     for model in message_types():
-        files[message_file(model)] = dump({"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()})
+        name = message_file(model)
+        files[name] = dump({**_header(name), **model.model_json_schema()})
     for name, union in UNIONS.items():
         schema = TypeAdapter(union).json_schema()
-        title = name.removesuffix(".json")
-        files[name] = dump({"$schema": JSON_SCHEMA_DIALECT, "title": title, **schema})
+        files[name] = dump({**_header(name), "title": name.removesuffix(".json"), **schema})
     files["topics.json"] = dump({"topics": [_topic_entry(t) for t in TOPICS]})
     for topic in TOPICS:  # the catalogue must point at files that exist
         assert topic.schema in files, f"{topic.name}: no schema file {topic.schema}"

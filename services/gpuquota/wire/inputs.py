@@ -17,6 +17,7 @@ from gpuquota.wire.base import (
     JobSpec,
     Message,
     Name,
+    Priority,
     QuotaShareSpec,
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
@@ -93,7 +94,7 @@ class SubmitJob(Message):
 class UpdateJobPriority(Message):
     type: Literal["UpdateJobPriority"] = "UpdateJobPriority"
     job_id: str
-    priority: int
+    priority: Priority
 
 
 class TerminateJob(Message):
