@@ -32,6 +32,7 @@ from gpuquota.wire import inputs as inp
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, RunAttempt
 from tests.conftest import LocalService
 from tests.pipeline.conftest import PARTITIONS, scheduler_config, wait_until
+from tests.pipeline.recorded_schemas import assert_every_input_answered
 from tests.pipeline.services import ServiceProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -193,6 +194,7 @@ async def test_scheduler_killed_five_times_during_5000_jobs(
     assert all(len(attempts) == 1 for attempts in nodes.attempts.values())  # no duplicate dispatch
     assert await store.last_seq(pool) == expected_inputs  # every input decided exactly once
     await assert_recovery_matches_replay(store, pool)
+    await assert_every_input_answered(kafka_bootstrap, topics, store, pool)  # despite the kills (#18)
 
 
 # ----- broker restart ---------------------------------------------------------------------------------
