@@ -67,8 +67,8 @@ from gpuquota.wire.base import (
     Strategy,
 )
 from gpuquota.wire.dead_letters import DeadLetter
-from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.events import EVENT_ADAPTER, JobDispatched
+from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, NodeCommand, RunAttempt
 

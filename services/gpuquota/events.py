@@ -213,7 +213,9 @@ class EventsClient:
 
     async def _read_results(self, partition: TopicPartition, offset: int) -> None:
         """Resolve the waiters of this client's inputs from the pool's results partition."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False
+        )
         await consumer.start()
         try:
             consumer.assign([partition])

@@ -47,7 +47,9 @@ async def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, byt
 async def check_recorded_messages(bootstrap: str, topics: KafkaTopics) -> Counter[str]:
     """Fail on a record of the deployment's topics that its schema refuses; return the number of
     records per message type (for the caller to check the run covered what it expects)."""
-    catalogue = {entry["name"]: entry for entry in json.loads((SCHEMAS / "topics.json").read_text())["topics"]}
+    catalogue = {
+        entry["name"]: entry for entry in json.loads((SCHEMAS / "topics.json").read_text())["topics"]
+    }
     seen: Counter[str] = Counter()
     for name, topic in topics.catalogue():
         entry = catalogue[topic.name]
@@ -62,7 +64,9 @@ async def check_recorded_messages(bootstrap: str, topics: KafkaTopics) -> Counte
     return seen
 
 
-async def assert_every_input_answered(bootstrap: str, topics: KafkaTopics, store: EventStore, pool: str) -> int:
+async def assert_every_input_answered(
+    bootstrap: str, topics: KafkaTopics, store: EventStore, pool: str
+) -> int:
     """Every input recorded in the pool's log has an answer; an answer published again (after a
     crash) is the same answer with the same event id. Returns how many answers were repeated."""
     answers: dict[str, InputResult] = {}

@@ -43,7 +43,14 @@ async def test_demo_runs_the_worked_example_on_the_distributed_stack(
         assert await up.stop() == 0
         # the whole run's messages, on every topic, match schemas/ (issue #18)
         seen = await check_recorded_messages(kafka_bootstrap, topics)
-        covered = {"SubmitJob", "UpdateJobPriority", "AttemptReport", "JobAccepted", "JobRequeued", "JobFailed"}
+        covered = {
+            "SubmitJob",
+            "UpdateJobPriority",
+            "AttemptReport",
+            "JobAccepted",
+            "JobRequeued",
+            "JobFailed",
+        }
         assert covered | {"InputResult", "RunAttempt", "StopAttempt"} <= set(seen), seen
     except BaseException:
         print(up.tail())

@@ -113,4 +113,6 @@ async def test_a_reproduced_input_is_answered_once(
         )
     results = [InputResult.model_validate_json(r.value or b"") for r in records]
     assert [r.input_event_id for r in results] == [terminate.event_id, marker.event_id]
-    assert results[0].outcome == "REJECTED" and results[0].reason == "Job nobody does not exist or has finished"
+    assert (
+        results[0].outcome == "REJECTED" and results[0].reason == "Job nobody does not exist or has finished"
+    )

@@ -40,5 +40,7 @@ def test_every_topic_of_the_catalogue_is_in_the_table() -> None:
 
 def test_the_dead_letter_example_has_the_reason_the_scheduler_gives() -> None:
     (letter,) = [e for e in EXAMPLES if e["type"] == "DeadLetter"]
-    record = SourceRecord(letter["topic"], letter["partition"], letter["offset"], b"default", letter["original"].encode())
+    record = SourceRecord(
+        letter["topic"], letter["partition"], letter["offset"], b"default", letter["original"].encode()
+    )
     assert decode(record, "default") == letter["reason"]

@@ -100,7 +100,10 @@ BAD: dict[str, tuple[Callable[[], dict[str, Any]], Patch]] = {
     "zero instances": (submit, setter("job", "count", value=0)),
     "queue name with a space": (submit, setter("job", "job_queue", value="my queue")),
     "unknown strategy": (share, setter("spec", "strategy", value="STEAL")),
-    "six capacity limits": (share, setter("spec", "capacity_limits", value=[{"unit": "u", "max_capacity": 1}] * 6)),
+    "six capacity limits": (
+        share,
+        setter("spec", "capacity_limits", value=[{"unit": "u", "max_capacity": 1}] * 6),
+    ),
 }
 
 

@@ -30,8 +30,9 @@ appended together (group commit, see "Batches"). ``handle(record)`` is a batch o
 
 Publishing happens after the append, so a crash between the two loses publications, never decisions.
 Recovery closes that gap: loading a pool folds the latest snapshot plus the log after it and publishes
-the tail's job events and input results again, and its node commands that still matter (a ``RunAttempt`` whose attempt is
-still only SCHEDULED, every ``StopAttempt``, a ``RegisterAgain`` while its node is still lost). A
+the tail's job events and input results again, and its node commands that still matter (a
+``RunAttempt`` whose attempt is still only SCHEDULED, every ``StopAttempt``, a ``RegisterAgain`` while
+its node is still lost). A
 snapshot is saved only once every publication up to its sequence is acknowledged by the broker, so
 nothing before a snapshot needs publishing again.
 Consumers therefore see each event at least once and de-duplicate by event id; node agents ignore a

@@ -109,4 +109,3 @@ def result_of_undecodable(value: bytes, reason: str, pool: str, occurred_at: Epo
         reason=reason[:4096],
         job_id=job_id if isinstance(job_id, str) else None,
     )
-

@@ -9,13 +9,14 @@ checks that folding the recorded events rebuilds the live state and that every e
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
 from gpuquota.core import fingerprint, replay
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobSpec, State
+from gpuquota.wire.base import JobSpec, Message, State
 from gpuquota.wire.events import EVENT_ADAPTER
 from tests.builders import (
     CROSS,
@@ -69,6 +70,11 @@ def two_environments_one_pool() -> Harness:
     h.queue("jq", environment="se1", priority=10).queue("jq2", environment="se2", priority=1)
     h.node("shared", ml_g5_xlarge=2)
     return h.with_shares(share("QS1").limit(2), share("S2").queue("jq2").limit(3))
+
+
+def unvalidated(kind: type[Message]) -> type[Any]:
+    """``kind`` built without validation, as ``Harness.feed``'s message type."""
+    return cast("type[Any]", kind.model_construct)
 
 
 def unchecked(builder: JobBuilder) -> JobSpec:
@@ -652,15 +658,15 @@ CASES: dict[str, Case] = {
     "bad_inputs_are_rejected": Case("S1, S5.7", Harness.worked_example, [
         # out-of-range priorities fail the wire models' validation: built unchecked to reach the core
         Round([do.submit(job("u").share("NOPE"), job("q").queue("nojq")),
-               do.feed(inp.SubmitJob.model_construct, job=unchecked(job("p").priority(10000))),
+               do.feed(unvalidated(inp.SubmitJob), job=unchecked(job("p").priority(10000))),
                do.set_priority("nobody", 1), do.terminate("nobody")],
               want_status={"u": REJECTED, "q": REJECTED, "p": REJECTED},
               want_rejected=["Quota share NOPE does not exist", "Job queue nojq does not exist",
                              "schedulingPriority 10000 is out of range", "Job nobody does not exist",
                              "Job nobody does not exist"]),
         Round([do.submit(job("a").share("QS2"), job("a").share("QS1")),
-               do.feed(inp.UpdateJobPriority.model_construct, job_id="a", priority=-1),
-               do.feed(inp.UpdateJobPriority.model_construct, job_id="a", priority=10_000)],
+               do.feed(unvalidated(inp.UpdateJobPriority), job_id="a", priority=-1),
+               do.feed(unvalidated(inp.UpdateJobPriority), job_id="a", priority=10_000)],
               want_status={"a": SCHEDULED},
               want_rejected=["Job a already exists", "out of range", "out of range"]),
         Round([do.report("node-x", "a", "a#1", "RUNNING"), do.heartbeat("node-x"), do.drain("node-x"),

@@ -85,7 +85,9 @@ async def test_recovery_republishes_the_answers_of_the_tail_with_the_same_ids() 
 async def test_an_undecodable_input_with_an_event_id_is_answered_rejected() -> None:
     publisher = FakePublisher()
     p = pipeline(InMemoryEventStore(), publisher)
-    bad = b'{"type": "UpdateJobPriority", "event_id": "e-1", "occurred_at": 1, "job_id": "j", "priority": "high"}'
+    bad = (
+        b'{"type": "UpdateJobPriority", "event_id": "e-1", "occurred_at": 1, "job_id": "j", "priority": "hi"}'
+    )
     (record,) = records([bad])
 
     assert await p.handle(record) is Outcome.DEAD_LETTER
