@@ -111,3 +111,14 @@ async def test_heartbeats_are_answered_only_when_rejected() -> None:
 
     answered = by_input(publisher.results)
     assert "beat-ok" not in answered and answered["beat-unknown"][0].outcome == "REJECTED"
+
+
+async def test_a_batch_answers_each_input_and_names_each_cause() -> None:
+    h = scenario()
+    publisher = FakePublisher()
+    outcomes = await pipeline(InMemoryEventStore(), publisher).handle_batch(records(h.inputs))
+
+    assert set(outcomes) == {Outcome.DECIDED}
+    assert [r.input_event_id for r in publisher.results] == [m.event_id for m in h.inputs]
+    for record in publisher.records:  # event ids are "<input id>/<n>": the cause is the input's id
+        assert record.cause == record.event.event_id.rsplit("/", 1)[0]
