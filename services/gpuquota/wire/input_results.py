@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -42,6 +42,8 @@ class DecidedEvent(Frozen):
 
 class InputResult(Message):
     type: Literal["InputResult"] = "InputResult"
+    event_id: Annotated[str, Field(min_length=1, max_length=256 + len(RESULT_PREFIX))]
+    """``result/<input_event_id>`` (so longer than other messages' ids may be)."""
     input_event_id: Annotated[str, Field(min_length=1, max_length=256)]
     input_type: str
     """The input's ``type`` (empty when the record had none)."""
@@ -66,13 +68,16 @@ def _job_id(message: inp.SchedulerInput) -> str | None:
 def result_of(
     message: inp.SchedulerInput, events: Sequence[ev.SchedulerEvent], pool: str, occurred_at: EpochMs
 ) -> InputResult | None:
-    """The answer to a decided input, or None for inputs nobody waits for (ticks, accepted heartbeats)."""
+    """The answer to a decided input, or None for inputs nobody waits for (ticks, accepted heartbeats).
+
+    Built without validation, as the core builds its events (it runs for every input): every field
+    comes from a validated input or a decided event."""
     rejected = next(
         (e for e in events if isinstance(e, ev.InputRejected) and e.input_event_id == message.event_id), None
     )
     if isinstance(message, inp.Tick) or (rejected is None and isinstance(message, inp.NodeHeartbeat)):
         return None
-    common = {
+    common: dict[str, Any] = {
         "event_id": RESULT_PREFIX + message.event_id,
         "occurred_at": occurred_at,
         "input_event_id": message.event_id,
@@ -81,9 +86,14 @@ def result_of(
     }
     if rejected is not None:
         job_id = rejected.job_id or _job_id(message)
-        return InputResult(**common, outcome="REJECTED", reason=rejected.reason, job_id=job_id)
-    decided = tuple(DecidedEvent(type=e.type, event_id=e.event_id) for e in events)
-    return InputResult(**common, outcome="ACCEPTED", job_id=_job_id(message), events=decided)
+        reason = rejected.reason[:4096]
+        return InputResult.model_construct(
+            **common, outcome="REJECTED", reason=reason, job_id=job_id, events=()
+        )
+    decided = tuple(DecidedEvent.model_construct(type=e.type, event_id=e.event_id) for e in events)
+    return InputResult.model_construct(
+        **common, outcome="ACCEPTED", reason=None, job_id=_job_id(message), events=decided
+    )
 
 
 def result_of_undecodable(value: bytes, reason: str, pool: str, occurred_at: EpochMs) -> InputResult | None:

@@ -122,3 +122,16 @@ async def test_a_batch_answers_each_input_and_names_each_cause() -> None:
     assert [r.input_event_id for r in publisher.results] == [m.event_id for m in h.inputs]
     for record in publisher.records:  # event ids are "<input id>/<n>": the cause is the input's id
         assert record.cause == record.event.event_id.rsplit("/", 1)[0]
+
+
+async def test_answers_validate_even_for_the_longest_input_ids() -> None:
+    h = Harness.worked_example()  # no dispatch: a RunAttempt's id (input id + node id) would not fit
+    h.submit(job("u").share("NOPE"))
+    h.set_priority("nobody", 1)
+    longest = [m.model_copy(update={"event_id": f"{i:03d}" + "x" * 253}) for i, m in enumerate(h.inputs)]
+    publisher = FakePublisher()
+    await feed(pipeline(InMemoryEventStore(), publisher), records(longest))
+
+    assert len(publisher.results) == len(longest)
+    for result in publisher.results:  # built without validation: validate them now
+        assert InputResult.model_validate_json(result.model_dump_json()) == result
