@@ -145,6 +145,11 @@ class NodeAgent:
     def active_attempts(self) -> list[str]:
         return [a for a, att in self._attempts.items() if not att.done.is_set()]
 
+    @property
+    def connected(self) -> bool:
+        """Registered with the scheduler, and the last send to it succeeded (``/health/ready``)."""
+        return self._registered and not self._link_down
+
     async def start(self) -> None:
         if self._started:
             return
