@@ -3,8 +3,9 @@
 A misspelt variable (``..._PROT`` for ``..._PORT``) used to be ignored silently:
 :func:`unknown_variables` names each unknown variable with the closest known one. An unreachable
 Kafka or PostgreSQL at start-up used to end in a long traceback: :func:`wait_for` retries each address
-with back-off, saying so in one line per try, and :func:`run_service` turns a dependency that stays unreachable into one line on stderr naming
-the address and exit code :data:`EXIT_UNREACHABLE`, without a traceback.
+with back-off, saying so in one line per try, and :func:`run_service` turns a dependency that stays
+unreachable into one line on stderr naming the address and exit code :data:`EXIT_UNREACHABLE`, without
+a traceback.
 """
 
 from __future__ import annotations
