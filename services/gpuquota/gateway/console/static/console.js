@@ -18,6 +18,16 @@ async function api(path, options) {
   return body;
 }
 
+let rendered = new WeakMap();
+
+// Replace an element's content only when it changed: a poll that finds nothing new leaves the page
+// (and what the user is pointing at) alone.
+function render(element, html) {
+  if (rendered.get(element) === html) return;
+  rendered.set(element, html);
+  element.innerHTML = html;
+}
+
 function time(ms) {
   return ms ? new Date(ms).toLocaleTimeString() : "";
 }
@@ -78,7 +88,7 @@ async function overview(view) {
     }
     html += "</table>";
   }
-  view.innerHTML = html;
+  render(view, html);
 }
 
 // ----- jobs --------------------------------------------------------------------------------------
@@ -94,7 +104,7 @@ function filterForm(params) {
 
 async function jobs(view, params, first) {
   if (first) {
-    view.innerHTML = filterForm(params) + '<div id="jobs"></div>';
+    render(view, filterForm(params) + '<div id="jobs"></div>');
     document.getElementById("filters").addEventListener("submit", (event) => {
       event.preventDefault();
       const query = new URLSearchParams([...new FormData(event.target)].filter(([, v]) => v));
@@ -110,7 +120,7 @@ async function jobs(view, params, first) {
       <td class="num priority">${j.schedulingPriority}</td><td>${j.count} &times; ${esc(j.unit)}</td>
       <td class="num preempted">${j.preemptedAttemptCount}</td><td>${time(j.createdAt)}</td><td>${esc(j.statusReason)}</td></tr>`;
   }
-  document.getElementById("jobs").innerHTML = html + "</table>" + (data.jobs.length ? "" : "<p>No jobs match.</p>");
+  render(document.getElementById("jobs"), html + "</table>" + (data.jobs.length ? "" : "<p>No jobs match.</p>"));
 }
 
 // ----- one job -----------------------------------------------------------------------------------
@@ -166,18 +176,18 @@ function actions(job) {
 async function jobPage(view, id, first) {
   const job = await api("/jobs/" + encodeURIComponent(id));
   if (first) {
-    view.innerHTML = `<h2 id="job-title"></h2><div class="box" id="job-actions">${actions(job)}</div>
+    render(view, `<h2 id="job-title"></h2><div class="box" id="job-actions">${actions(job)}</div>
       <h2>Timeline</h2><div class="box" id="job-timeline"></div>
       <h2>Explanation</h2><div class="box explanation" id="job-explanation"></div>
-      <h2>Preemptions</h2><div id="job-preemptions"></div>`;
+      <h2>Preemptions</h2><div id="job-preemptions"></div>`);
     if (!job.readOnly) bindActions(id);
   }
-  document.getElementById("job-title").innerHTML = `${esc(job.jobName)} <span class="status ${esc(job.status)}" id="job-status">${esc(job.status)}</span>
+  render(document.getElementById("job-title"), `${esc(job.jobName)} <span class="status ${esc(job.status)}" id="job-status">${esc(job.status)}</span>
     <small>${esc(job.jobQueue)}/${esc(job.quotaShareName)} &middot; priority <span id="job-priority">${job.schedulingPriority}</span>
-    &middot; preempted <span id="job-preempted">${job.preemptedAttemptCount}</span></small>`;
-  document.getElementById("job-timeline").innerHTML = timeline(job);
-  document.getElementById("job-explanation").innerHTML = explanation(job);
-  document.getElementById("job-preemptions").innerHTML = preemptions(job);
+    &middot; preempted <span id="job-preempted">${job.preemptedAttemptCount}</span></small>`);
+  render(document.getElementById("job-timeline"), timeline(job));
+  render(document.getElementById("job-explanation"), explanation(job));
+  render(document.getElementById("job-preemptions"), preemptions(job));
 }
 
 function bindActions(id) {
@@ -205,7 +215,7 @@ function bindActions(id) {
 async function nodes(view) {
   const data = await api("/nodes");
   if (!data.nodes.length) {
-    view.innerHTML = "<p>No nodes registered.</p>";
+    render(view, "<p>No nodes registered.</p>");
     return;
   }
   let html = "";
@@ -220,13 +230,14 @@ async function nodes(view) {
     }
     html += "</div></div>";
   }
-  view.innerHTML = html;
+  render(view, html);
 }
 
 // ----- the loop ----------------------------------------------------------------------------------
 
 async function refresh(first) {
   clearTimeout(timer);
+  if (first) rendered = new WeakMap(); // a new view: build it afresh
   const view = document.getElementById("view");
   const { path, params } = route();
   const name = path.startsWith("/job/") ? "jobs" : path === "/jobs" ? "jobs" : path === "/nodes" ? "nodes" : "overview";
