@@ -110,7 +110,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("topic", "partition"),
         "Input records of an assigned partition not yet decided",
     ),
-    "gpuquota_read_model_lag_records": ("gauge", ("pool",), "Log records the gateway has not folded yet"),
     "gpuquota_agent_attempts_active": ("gauge", ("node",), "Attempts the node agent runs now"),
     "gpuquota_agent_send_failures": ("counter", ("node",), "Failed sends of the node agent to the scheduler"),
 }
