@@ -55,5 +55,5 @@ def test_scrape_config_targets_the_services() -> None:
         name: job["static_configs"][0]["targets"] for name, job in jobs.items() if "static_configs" in job
     }
     assert targets["gpuquota-scheduler"] == ["scheduler:9464"]
-    assert targets["gpuquota-node-agent"] == ["node-agent:9464"]
+    assert targets["gpuquota-node-agent"] == ["node-agent-1:9464", "node-agent-2:9464"]
     assert config["rule_files"] == ["gpuquota-alerts.yml"]
