@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.observe import healthcheck
 from gpuquota.observe.health import OpsServer, broker_probe, lag_probe, readiness
 from gpuquota.observe.metrics import new_registry
 from gpuquota.observe.startup import EXIT_UNREACHABLE, Unreachable, unknown_variables, wait_for
@@ -151,3 +152,14 @@ def test_a_service_without_postgresql_exits_3_naming_it(listening_port: int, clo
     assert "Traceback" not in done.stderr and "secret" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"gpuquota gateway: cannot reach PostgreSQL at 127.0.0.1:{closed_port} after 1 s")
+
+
+async def test_the_image_healthcheck_asks_health_live(closed_port: int) -> None:
+    server = OpsServer(new_registry(), {}, "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_METRICS_PORT": str(server.port)}) == 0
+        assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_PORT": str(server.port)}) == 0
+        assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_PORT": str(closed_port)}) == 1
+    finally:
+        await server.stop()

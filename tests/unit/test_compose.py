@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from jsonschema import Draft201909Validator
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from gpuquota.settings import SERVICE_SETTINGS, NodeAgentSettings
 
@@ -147,3 +151,35 @@ def test_dockerfile_copies_existing_paths() -> None:
     for sources in copies:
         for source in sources:
             assert (ROOT / source).exists(), f"Dockerfile copies missing path {source}"
+
+
+DOCKERFILE = (ROOT / "deploy/docker/Dockerfile").read_text()
+LOCK = ROOT / "deploy/docker/requirements.lock"
+
+
+def test_dockerfile_is_multi_stage_pinned_and_checks_health() -> None:
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert base and re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1)), "pin the base image"
+    assert len(re.findall(r"^FROM ", DOCKERFILE, re.MULTILINE)) == 2
+    assert "COPY --from=build /opt/gpuquota /opt/gpuquota" in DOCKERFILE
+    assert re.search(r"pip install pip==[\d.]+", DOCKERFILE)
+    assert re.search(r"^USER 10001", DOCKERFILE, re.MULTILINE)
+    healthcheck = re.search(r'^\s+CMD \["python", "-m", "([\w.]+)"\]', DOCKERFILE, re.MULTILINE)
+    assert "HEALTHCHECK" in DOCKERFILE and healthcheck
+    assert (ROOT / "services" / (healthcheck.group(1).replace(".", "/") + ".py")).is_file()
+
+
+def test_the_lock_pins_every_runtime_dependency() -> None:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"not pinned: {line}"
+            pins[canonicalize_name(name)] = version
+    assert "nvidia-ml-py" in pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for raw in project["dependencies"]:
+        requirement = Requirement(raw)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not in {LOCK.name}"
+        assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} does not satisfy {raw}"
