@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver import Chrome
@@ -40,7 +40,7 @@ def until(browser: Chrome, condition: Callable[[Chrome], T], timeout: float = 30
         except (StaleElementReferenceException, WebDriverException):
             return False
 
-    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(check)  # type: ignore[arg-type]
+    return cast(T, WebDriverWait(browser, timeout, poll_frequency=0.1).until(check))
 
 
 def click(browser: Chrome, by: str, what: str) -> None:

@@ -27,8 +27,10 @@ def test_the_worked_example_in_the_share_gauges_and_counters(tmp_path: Path) -> 
         "QS2": (1, 1, 1, 0, 0, 1, 0),
         "QS3": (1, 1, 0, 0, 0, 0, 1),
     }
-    names = ("limit_instances", "maximum_instances", "used_instances", "borrowed_instances", "queued_jobs")
-    names += ("running_jobs", "reserved_idle_instances")
+    names = (
+        *("limit_instances", "maximum_instances", "used_instances", "borrowed_instances", "queued_jobs"),
+        *("running_jobs", "reserved_idle_instances"),
+    )
     for share, expected in figures.items():
         got = tuple(value(samples, f"gpuquota_share_{n}", share=share, **SHARE) for n in names)
         assert got == expected, share

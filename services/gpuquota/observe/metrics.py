@@ -155,12 +155,13 @@ class EventTally(Collector):
     """Counters of the events the read model applied (``ReadModel.apply`` calls :meth:`observe`)."""
 
     def __init__(self) -> None:
-        self.submitted: Counter[tuple[str, str]] = Counter()
-        self.dispatched: Counter[str] = Counter()
-        self.preempted: Counter[str] = Counter()
-        self.succeeded: Counter[tuple[str, str]] = Counter()
-        self.failed: Counter[tuple[str, str, str]] = Counter()
-        self.rejected: Counter[str] = Counter()
+        # per metric, per tuple of label values
+        self.submitted: Counter[tuple[str, ...]] = Counter()
+        self.dispatched: Counter[tuple[str, ...]] = Counter()
+        self.preempted: Counter[tuple[str, ...]] = Counter()
+        self.succeeded: Counter[tuple[str, ...]] = Counter()
+        self.failed: Counter[tuple[str, ...]] = Counter()
+        self.rejected: Counter[tuple[str, ...]] = Counter()
         self.latency = _histogram("gpuquota_submit_to_start_seconds", LATENCY_BUCKETS)
 
     def observe(self, event: SchedulerEvent, job: JobView | None) -> None:
@@ -168,11 +169,11 @@ class EventTally(Collector):
         if kind not in _COUNTED:
             return
         if isinstance(event, ev.InputRejected):
-            self.rejected[event.input_type] += 1
+            self.rejected[(event.input_type,)] += 1
         elif isinstance(event, ev.JobDispatched):
-            self.dispatched[event.phase] += 1
+            self.dispatched[(event.phase,)] += 1
         elif isinstance(event, ev.JobPreempted):
-            self.preempted[event.kind] += 1
+            self.preempted[(event.kind,)] += 1
         elif job is not None:
             share = job.share
             if isinstance(event, ev.JobAccepted):
@@ -185,9 +186,6 @@ class EventTally(Collector):
                 self.latency.observe(max(0.0, (event.occurred_at - job.spec.created_at) / 1000))
 
     def collect(self) -> Iterator[Metric]:
-        tables: tuple[
-            tuple[str, Counter[str] | Counter[tuple[str, str]] | Counter[tuple[str, str, str]]], ...
-        ]
         tables = (
             ("gpuquota_jobs_submitted", self.submitted),
             ("gpuquota_dispatches", self.dispatched),
@@ -199,7 +197,7 @@ class EventTally(Collector):
         for name, counts in tables:
             metric = family(name)
             for key, value in sorted(counts.items()):
-                metric.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+                metric.add_metric(list(key), value)
             yield metric
         yield from self.latency.collect()
 

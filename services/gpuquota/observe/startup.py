@@ -16,7 +16,8 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from gpuquota.settings import ENV_PREFIX, SERVICE_SETTINGS
@@ -147,7 +148,7 @@ async def wait_for_dependencies(
         await wait_for(prog, "PostgreSQL", [(host, port)], timeout)
 
 
-def run_service(prog: str, main: Callable[[], Awaitable[int]]) -> int:
+def run_service(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """``asyncio.run(main())``, with a dependency lost during start-up as one line and an exit code."""
     try:
         return asyncio.run(main())
