@@ -117,7 +117,8 @@ class Console:
         queue, share = query.get("queue") or None, query.get("share") or None
         status, name = query.get("status") or None, (query.get("name") or "").lower()
         rows = []
-        for job in sorted(self.gateway.rm.jobs.values(), key=lambda j: -j.spec.created_at):
+        # newest first without sorting them all: the read model keeps jobs in the order they arrived
+        for job in reversed(self.gateway.rm.jobs.values()):
             spec = job.spec
             if (
                 (queue is not None and spec.job_queue != queue)
