@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from gpuquota.observe.metrics import METRICS, failure_class
 from gpuquota.wire import events as ev
+from tests.gateway.conftest import batch_client
 from tests.gateway.helpers import G5
 from tests.observe.helpers import scrape, stack, two_steps, value
 
@@ -81,3 +86,58 @@ def test_every_metric_is_in_the_operations_table() -> None:
     documented = set(re.findall(r"^\| `(gpuquota_[a-z_]+)`", DOCS.read_text(), re.MULTILINE))
     exposed = {name + ("_total" if kind == "counter" else "") for name, (kind, _, _) in METRICS.items()}
     assert exposed == documented
+
+
+def _up(data_dir: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
+    """``gpuquota up`` (simulated runtime) on a free port; the process and its URL once ready."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQUOTA_")}
+    with log.open("a") as stderr:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuquota.cli",
+                "up",
+                "--data-dir",
+                str(data_dir),
+                "--runtime",
+                "simulated",
+            ],
+            env={**env, "GPUQUOTA_PORT": "0"},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("gpuquota ready on "), log.read_text()[-3000:]
+    return proc, line.rsplit(" ", 1)[1]
+
+
+def _end(proc: subprocess.Popen[str], how: signal.Signals) -> None:
+    proc.send_signal(how)
+    proc.wait(timeout=30)
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def test_counters_survive_a_sigkill_of_gpuquota_up(tmp_path: Path) -> None:
+    log = tmp_path / "up.log"
+    proc, url = _up(tmp_path / "data", log)
+    try:
+        two_steps(batch_client(url))
+        before = scrape(url)
+    finally:
+        _end(proc, signal.SIGKILL)  # nothing flushed, nothing closed
+    proc, url = _up(tmp_path / "data", log)
+    try:
+        after = scrape(url)
+    finally:
+        _end(proc, signal.SIGTERM)
+    for name, labels in (
+        ("gpuquota_jobs_submitted_total", {"queue": "jq", "share": "QS1"}),
+        ("gpuquota_jobs_submitted_total", {"queue": "jq", "share": "QS2"}),
+        ("gpuquota_preemptions_total", {"kind": "CROSS_SHARE"}),
+        ("gpuquota_share_limit_instances", {"share": "QS3", **SHARE}),
+    ):
+        assert value(after, name, **labels) == value(before, name, **labels), name
