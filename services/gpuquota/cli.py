@@ -40,10 +40,15 @@ def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
     add_auth_keys(parser)
 
 
-def _scheduler(_: argparse.Namespace) -> int:
+def _scheduler(args: argparse.Namespace) -> int:
     from gpuquota.distributed import run_scheduler
 
-    return run_scheduler()
+    return run_scheduler(metrics_port=args.metrics_port)
+
+
+def _scheduler_arguments(parser: argparse.ArgumentParser) -> None:
+    help_text = "serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)"
+    parser.add_argument("--metrics-port", type=int, default=None, help=help_text)
 
 
 def _node_agent(args: argparse.Namespace) -> int:
@@ -119,6 +124,7 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
 #: subcommand -> adds its flags to its parser
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "gateway": _gateway_arguments,
+    "scheduler": _scheduler_arguments,
     "node-agent": _node_agent_arguments,
     "up": _up_arguments,
     "demo": _demo_arguments,

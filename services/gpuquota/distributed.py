@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
@@ -30,8 +31,12 @@ from gpuquota.core import explain
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
+from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, Runtime
 from gpuquota.node_agent.kafka_link import KafkaNodeLink
+from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
+from gpuquota.observe.services import scheduler_ops
+from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.wire.base import SlotOffer
@@ -72,6 +77,7 @@ class GatewayService:
         self.gateway: Gateway | None = None
         self._runner: web.AppRunner | None = None
         self._tail: asyncio.Task[None] | None = None
+        self.registry: CollectorRegistry | None = None
 
     @property
     def url(self) -> str:
@@ -96,11 +102,26 @@ class GatewayService:
             explainer=lambda job_id: explain(projector.state, job_id),
             auth=self.auth,
         )
+        self.registry = gateway_registry(gateway, lambda: projector.state)
+        install(gateway, self.registry, self.probes(), lambda: projector.state)
         self._runner = web.AppRunner(gateway.app(), access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
+
+    def probes(self) -> dict[str, Probe]:
+        """``/health/ready``: the event log and the broker answer, the read model is caught up."""
+
+        async def lag() -> int:
+            assert self.store is not None and self.projector is not None
+            return await self.store.last_seq(self.pool) - self.projector.seq
+
+        return {
+            "eventLog": store_probe(lambda: self.store, self.pool),
+            "broker": broker_probe(self.kafka),
+            "readModel": lag_probe(lag),
+        }
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -269,10 +290,11 @@ async def serve(
             loop.remove_signal_handler(sig)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Text with timestamps, or JSON (``GPUQUOTA_LOG_FORMAT``): ``gpuquota.observe.logs``."""
+    from gpuquota.observe.logs import configure_logging as configure
+
+    configure(level, fmt)
 
 
 def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = None) -> int:
@@ -280,12 +302,14 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
     from gpuquota.gateway.auth import KeyConfigError, load_auth
     from gpuquota.settings import GatewaySettings, SettingsError
 
+    env = os.environ if environ is None else environ
+    warn_unknown_variables("gpuquota gateway", env)
     try:
-        settings = GatewaySettings.from_env(os.environ if environ is None else environ)
+        settings = GatewaySettings.from_env(env)
     except SettingsError as exc:
         print(f"gpuquota gateway: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     path = auth_keys or (None if settings.auth_keys is None else str(settings.auth_keys))
     try:
         auth = load_auth(path, settings.host, "gpuquota gateway")
@@ -294,6 +318,9 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
         return 2
 
     async def main() -> int:
+        await wait_for_dependencies(
+            "gpuquota gateway", settings.startup_timeout, settings.kafka, settings.database_url
+        )
         service = GatewayService(
             settings.kafka,
             settings.database_url,
@@ -305,18 +332,22 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 
-    return asyncio.run(main())
+    return run_service("gpuquota gateway", main)
 
 
-def run_scheduler(environ: dict[str, str] | None = None) -> int:
+def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | None = None) -> int:
+    """``gpuquota scheduler``: ``metrics_port`` (``--metrics-port``) overrides ``GPUQUOTA_METRICS_PORT``."""
     from gpuquota.settings import SchedulerSettings, SettingsError
 
+    env = os.environ if environ is None else environ
+    warn_unknown_variables("gpuquota scheduler", env)
     try:
-        settings = SchedulerSettings.from_env(os.environ if environ is None else environ)
+        settings = SchedulerSettings.from_env(env)
     except SettingsError as exc:
         print(f"gpuquota scheduler: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    port = metrics_port if metrics_port is not None else settings.metrics_port
     config = SchedulerConfig(
         kafka=settings.kafka,
         database_url=settings.database_url,
@@ -330,16 +361,27 @@ def run_scheduler(environ: dict[str, str] | None = None) -> int:
     )
 
     async def main() -> int:
+        await wait_for_dependencies(
+            "gpuquota scheduler", settings.startup_timeout, settings.kafka, settings.database_url
+        )
         service = SchedulerService(config)
+        ops = None if port is None else scheduler_ops(service, port)
 
         async def start() -> None:
+            if ops is not None:
+                await ops.start()  # live at once; ready once the service has started
             await service.start()
             gc.freeze()  # what start-up built (modules, faust, aiokafka) is never garbage
 
-        return await serve(start, service.stop, "gpuquota scheduler ready", service.wait())
+        async def stop() -> None:
+            await service.stop()
+            if ops is not None:
+                await ops.stop()
+
+        return await serve(start, stop, "gpuquota scheduler ready", service.wait())
 
     gc.set_threshold(*SCHEDULER_GC_THRESHOLDS)
-    return asyncio.run(main())
+    return run_service("gpuquota scheduler", main)
 
 
 SCHEDULER_GC_THRESHOLDS = (20_000, 10, 10)

@@ -18,13 +18,19 @@ import sys
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
 from gpuquota.core.explain import explain
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
+from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
+from gpuquota.observe.health import store_probe
+from gpuquota.observe.logs import configure_logging
+from gpuquota.observe.metrics import TimedStore, Timings
+from gpuquota.observe.startup import warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.wire.base import SlotOffer
@@ -88,6 +94,7 @@ class EmbeddedStack:
         self.store: EventStore | None = None
         self.shell: SchedulerShell | None = None
         self.gateway: Gateway | None = None
+        self.registry: CollectorRegistry | None = None
         self.agents: dict[str, NodeAgent] = {}
         self._runner: web.AppRunner | None = None
 
@@ -96,7 +103,8 @@ class EmbeddedStack:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        self.store = await open_store(self.data_dir)
+        timings = Timings()
+        self.store = TimedStore(await open_store(self.data_dir), timings)
         shell = self.shell = SchedulerShell(
             self.store,
             ReadModel(self.arns),
@@ -106,14 +114,18 @@ class EmbeddedStack:
         folded = await shell.recover()
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route
+        shell.on_step = timings.step.observe
         await shell.start()
-        self.gateway = Gateway(
+        gateway = self.gateway = Gateway(
             shell.read_model,
             EmbeddedCommandPort(shell),
             clock=shell.clock,
             explainer=lambda job_id: explain(shell.state, job_id),
             auth=self.auth,
         )
+        self.registry = gateway_registry(gateway, lambda: shell.state, timings)
+        probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
+        install(gateway, self.registry, probes, lambda: shell.state)
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -180,7 +192,14 @@ def run_up(args: argparse.Namespace) -> int:
         os.environ.get("GPUQUOTA_DATABASE_URL"),
     )
     port = args.port if args.port is not None else int(os.environ.get("GPUQUOTA_PORT", "8642"))
-    logging.basicConfig(level=os.environ.get("GPUQUOTA_LOG_LEVEL", "INFO"), stream=sys.stderr)
+    warn_unknown_variables("gpuquota up", os.environ)
+    try:
+        configure_logging(
+            os.environ.get("GPUQUOTA_LOG_LEVEL", "INFO"), os.environ.get("GPUQUOTA_LOG_FORMAT", "text")
+        )
+    except ValueError as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 2
     try:
         auth = load_auth(args.auth_keys or os.environ.get(AUTH_KEYS_ENV), args.host, "gpuquota up")
     except KeyConfigError as exc:
@@ -208,8 +227,11 @@ def _run_distributed(
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.distributed import DistributedStack, serve
+    from gpuquota.observe.startup import run_service, wait_for_dependencies
 
     async def main() -> int:
+        timeout = float(os.environ.get("GPUQUOTA_STARTUP_TIMEOUT", "60"))
+        await wait_for_dependencies("gpuquota up", timeout, kafka, database_url)
         stack = DistributedStack(
             kafka,
             database_url,
@@ -226,8 +248,8 @@ def _run_distributed(
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())
 
     try:
-        return asyncio.run(main())
-    except (OSError, ValueError) as exc:
+        return run_service("gpuquota up", main)
+    except ValueError as exc:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 1
 

@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
+from gpuquota.observe.metrics import EventTally
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import (
     JobQueueSpec,
@@ -137,6 +138,8 @@ class ReadModel:
         self.client_tokens: dict[str, tuple[str, str]] = {}
         """SubmitServiceJob ``clientToken`` -> (fingerprint of the request, job id)."""
         self.last_event_at = 0
+        self.tally = EventTally()
+        """Counters of the applied events (Prometheus, ``gpuquota.observe.metrics``)."""
 
     # ----- projection --------------------------------------------------------------------------
 
@@ -154,6 +157,7 @@ class ReadModel:
         status = None if before is None or before.pending_input is not None else before.status
         handler(event)
         job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        self.tally.observe(event, job)
         if job is not None and job.status is not status:
             if not job.history:
                 job.history.append((job.spec.created_at, JobStatus.SUBMITTED.value))

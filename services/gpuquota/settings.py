@@ -10,6 +10,9 @@ variable                       meaning                                          
 =============================  ======================================================  =========
 GPUQUOTA_KAFKA                 Kafka bootstrap servers, ``host:port[,host:port...]``    all
 GPUQUOTA_LOG_LEVEL             DEBUG, INFO, WARNING or ERROR (default INFO)             all
+GPUQUOTA_LOG_FORMAT            ``text`` (with timestamps) or ``json`` (one object/line)  all
+GPUQUOTA_STARTUP_TIMEOUT       seconds to wait for Kafka/PostgreSQL at start-up (60)     all
+GPUQUOTA_METRICS_PORT          port of /metrics and /health/* (default: none served)    scheduler, node-agent
 GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db``                  gateway, scheduler
 GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
@@ -83,6 +86,8 @@ class _Settings(BaseModel):
 
     kafka: str
     log_level: LogLevel = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    startup_timeout: Annotated[float, Field(gt=0, le=86400)] = 60.0
     topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,100}$")] = ""
 
     @classmethod
@@ -166,6 +171,7 @@ class SchedulerSettings(_DatabaseSettings):
     snapshot_every: Annotated[int, Field(ge=1)] = 1000
     tick_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
     instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,128}$")] = ""
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -201,6 +207,7 @@ class NodeAgentSettings(_Settings):
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
 
     @property
     def runtime_kind(self) -> Literal["process", "simulated"]:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import base64
+import json
+import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from jsonschema import Draft201909Validator
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-from gpuquota.settings import SERVICE_SETTINGS, NodeAgentSettings, SchedulerSettings
+from gpuquota.settings import SERVICE_SETTINGS, NodeAgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -88,17 +94,45 @@ def test_addresses_point_at_compose_services() -> None:
         assert "kafka" in deps
 
 
-def test_scheduler_inventory_matches_node_agents() -> None:
-    schedulers = [s for s in GPUQUOTA_SERVICES.values() if _command(s)[1] == "scheduler"]
-    agents = [s for s in GPUQUOTA_SERVICES.values() if _command(s)[1] == "node-agent"]
-    (scheduler,) = schedulers
-    inventory = {n.node_id: n.gpus for n in SchedulerSettings.from_env(_environment(scheduler)).nodes}
-    offered = {}
-    for agent in agents:
+def test_valid_for_docker_compose_1_29() -> None:
+    """The compose-spec schema of docker-compose 1.29.2 (tests/data; Docker Compose v2 accepts more)."""
+    schema = json.loads((ROOT / "tests" / "data" / "compose_spec_v1.29.json").read_text())
+    errors = [e.message for e in Draft201909Validator(schema).iter_errors(COMPOSE)]
+    assert not errors
+
+
+def test_the_scheduler_gets_no_variable_it_ignores() -> None:
+    (scheduler,) = [s for s in GPUQUOTA_SERVICES.values() if _command(s)[1] == "scheduler"]
+    ignored = {"GPUQUOTA_NODES", "GPUQUOTA_PREEMPTION_GRACE"}  # accepted, unused by the Kafka scheduler
+    assert not ignored & set(_environment(scheduler))
+
+
+def test_node_agents_reserve_their_gpus() -> None:
+    agents = {n: s for n, s in GPUQUOTA_SERVICES.items() if _command(s)[1] == "node-agent"}
+    ids = set()
+    for name, agent in agents.items():
         settings = NodeAgentSettings.from_env(_environment(agent))
-        assert settings.node_id not in offered, f"duplicate node id {settings.node_id}"
-        offered[settings.node_id] = settings.gpus
-    assert inventory == offered
+        ids.add(settings.node_id)
+        (device,) = agent["deploy"]["resources"]["reservations"]["devices"]
+        assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia", name
+        assert (
+            device["count"] == settings.gpus
+        ), f"{name} offers {settings.gpus} GPUs, reserves {device['count']}"
+    assert len(ids) == len(agents), "duplicate node id"
+
+
+def test_metrics_ports_are_the_scraped_ones() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "monitoring" / "prometheus.yml").read_text())
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for static in job.get("static_configs", [])
+        for target in static["targets"]
+    }
+    for name, service in GPUQUOTA_SERVICES.items():
+        env = _environment(service)
+        port = env.get("GPUQUOTA_METRICS_PORT") or env["GPUQUOTA_PORT"]
+        assert f"{name}:{port}" in targets, f"Prometheus does not scrape {name}:{port}"
 
 
 def test_kafka_cluster_id_is_a_uuid() -> None:
@@ -108,8 +142,44 @@ def test_kafka_cluster_id_is_a_uuid() -> None:
 
 def test_dockerfile_copies_existing_paths() -> None:
     dockerfile = (ROOT / "deploy/docker/Dockerfile").read_text()
-    copies = [line.split()[1:-1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    copies = [
+        [part for part in line.split()[1:-1] if not part.startswith("--")]
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+    ]
     assert copies
     for sources in copies:
         for source in sources:
             assert (ROOT / source).exists(), f"Dockerfile copies missing path {source}"
+
+
+DOCKERFILE = (ROOT / "deploy/docker/Dockerfile").read_text()
+LOCK = ROOT / "deploy/docker/requirements.lock"
+
+
+def test_dockerfile_is_multi_stage_pinned_and_checks_health() -> None:
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert base and re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1)), "pin the base image"
+    assert len(re.findall(r"^FROM ", DOCKERFILE, re.MULTILINE)) == 2
+    assert "COPY --from=build /opt/gpuquota /opt/gpuquota" in DOCKERFILE
+    assert re.search(r"pip install pip==[\d.]+", DOCKERFILE)
+    assert re.search(r"^USER 10001", DOCKERFILE, re.MULTILINE)
+    healthcheck = re.search(r'^\s+CMD \["python", "-m", "([\w.]+)"\]', DOCKERFILE, re.MULTILINE)
+    assert "HEALTHCHECK" in DOCKERFILE and healthcheck
+    assert (ROOT / "services" / (healthcheck.group(1).replace(".", "/") + ".py")).is_file()
+
+
+def test_the_lock_pins_every_runtime_dependency() -> None:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"not pinned: {line}"
+            pins[canonicalize_name(name)] = version
+    assert "nvidia-ml-py" in pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for raw in project["dependencies"]:
+        requirement = Requirement(raw)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not in {LOCK.name}"
+        assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} does not satisfy {raw}"

@@ -1,8 +1,11 @@
-"""deploy/k8s stays consistent with the gpuquota settings classes (the approach of test_compose.py).
+"""deploy/k8s stays consistent with the gpuquota settings classes (the approach of test_compose.py), is
+valid against the Kubernetes schemas (``kubernetes-validate``, strict), and is hardened.
 
 Every container runs ``gpuquota gateway|scheduler|node-agent``; the variables it gets (``env`` plus the
 ConfigMaps and Secrets of ``envFrom``) are all read by that service's settings class, include every
-required one, and validate.
+required one, and validate. Every container has probes on ``/health/*``, resources, and a restrictive
+securityContext (non-root, read-only root filesystem, no capabilities); every workload has its own
+ServiceAccount and a PodDisruptionBudget; the node agent keeps its work directory on the host.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -19,6 +23,7 @@ from gpuquota.settings import SERVICE_SETTINGS, NodeAgentSettings
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
+KUBERNETES_VERSION = "1.30.0"
 
 #: stand-ins for values Kubernetes fills in (valueFrom.fieldRef)
 FIELD_VALUES = {"metadata.name": "gpuquota-scheduler-0", "spec.nodeName": "gpu-node-1"}
@@ -39,9 +44,15 @@ CONFIG_MAPS = {doc["metadata"]["name"]: doc for doc in DOCS if doc["kind"] == "C
 SECRETS = {doc["metadata"]["name"]: doc for doc in DOCS if doc["kind"] == "Secret"}
 
 
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
 def _containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = workload["spec"]["template"]["spec"]
-    return [*spec.get("initContainers", []), *spec["containers"]]
+    """The service containers (init containers only prepare volumes: see ``test_init_containers``)."""
+    containers: list[dict[str, Any]] = _pod(workload)["containers"]
+    return containers
 
 
 def _command(container: dict[str, Any]) -> list[str]:
@@ -157,3 +168,96 @@ def test_pool_is_shared_by_gateway_and_node_agents() -> None:
         if _service(w) in ("gateway", "node-agent")
     }
     assert len(set(pools.values())) == 1, pools
+
+
+@pytest.mark.parametrize("index", range(len(DOCS)))
+def test_valid_against_the_kubernetes_schemas(index: int) -> None:
+    doc = DOCS[index]
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+
+
+def _port(container: dict[str, Any], port: int | str) -> int:
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    return int(named[port]) if isinstance(port, str) else port
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_probes_ask_the_service_health_port(name: str) -> None:
+    for container in _containers(WORKLOADS[name]):
+        env = _environment(container)
+        port = int(env.get("GPUQUOTA_METRICS_PORT") or env["GPUQUOTA_PORT"])
+        expected = {
+            "startupProbe": "/health/live",
+            "livenessProbe": "/health/live",
+            "readinessProbe": "/health/ready",
+        }
+        for probe, path in expected.items():
+            get = container[probe]["httpGet"]
+            assert (get["path"], _port(container, get["port"])) == (path, port), f"{name} {probe}"
+        annotations = WORKLOADS[name]["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == port
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_pods_run_unprivileged_with_a_read_only_root(name: str) -> None:
+    pod = _pod(WORKLOADS[name])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for container in _containers(WORKLOADS[name]):
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, "a read-only root needs /tmp"
+
+
+def test_init_containers_only_give_the_work_dir_to_the_agent() -> None:
+    for name, workload in WORKLOADS.items():
+        for init in _pod(workload).get("initContainers", []):
+            assert name == "gpuquota-node-agent"
+            assert init["command"][:2] == ["sh", "-c"] and init["command"][2].startswith("chown 10001:10001 ")
+            context = init["securityContext"]
+            assert context["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+            assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_every_container_has_resources(name: str) -> None:
+    pod = _pod(WORKLOADS[name])
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        resources = container["resources"]
+        assert {"cpu", "memory"} <= resources["requests"].keys()
+        assert {"cpu", "memory"} <= resources["limits"].keys()
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_each_workload_has_its_service_account_and_disruption_budget(name: str) -> None:
+    workload = WORKLOADS[name]
+    pod = _pod(workload)
+    accounts = {d["metadata"]["name"]: d for d in DOCS if d["kind"] == "ServiceAccount"}
+    assert accounts[pod["serviceAccountName"]]["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is False
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    budgets = [
+        d
+        for d in DOCS
+        if d["kind"] == "PodDisruptionBudget"
+        and d["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ]
+    (budget,) = budgets
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_node_agent_keeps_its_work_dir_on_the_host() -> None:
+    (agent,) = [w for w in WORKLOADS.values() if _service(w) == "node-agent"]
+    pod = _pod(agent)
+    (container,) = pod["containers"]
+    data_dir = _environment(container)["GPUQUOTA_DATA_DIR"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == data_dir]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"] == {"path": data_dir, "type": "DirectoryOrCreate"}

@@ -31,6 +31,8 @@ def test_env_var_lists() -> None:
         "GPUQUOTA_POOL",
         "GPUQUOTA_AUTH_KEYS",
         "GPUQUOTA_TOPIC_PREFIX",
+        "GPUQUOTA_LOG_FORMAT",
+        "GPUQUOTA_STARTUP_TIMEOUT",
     } == GatewaySettings.ENV_VARS
     assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == GatewaySettings.REQUIRED_ENV_VARS
     assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == SchedulerSettings.REQUIRED_ENV_VARS

@@ -44,6 +44,7 @@ from typing import Any
 
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
 from gpuquota.node_agent.runtime import AttemptHandle, LaunchError, LaunchSpec, Outcome, Runtime, describe
+from gpuquota.observe.logs import bind
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import (
     AttemptReport,
@@ -144,6 +145,11 @@ class NodeAgent:
     @property
     def active_attempts(self) -> list[str]:
         return [a for a, att in self._attempts.items() if not att.done.is_set()]
+
+    @property
+    def connected(self) -> bool:
+        """Registered with the scheduler, and the last send to it succeeded (``/health/ready``)."""
+        return self._registered and not self._link_down
 
     async def start(self) -> None:
         if self._started:
@@ -264,6 +270,7 @@ class NodeAgent:
 
     async def _run(self, att: _Attempt) -> None:
         cmd = att.command
+        bind(node_id=self.node_id, job_id=cmd.job_id, attempt_id=cmd.attempt_id)  # every line of this task
         try:
             self._report(att, "STARTING")
             try:

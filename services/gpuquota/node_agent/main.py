@@ -9,7 +9,6 @@ Kafka (``gpuquota.node_agent.kafka_link``). The embedded ``gpuquota up`` builds 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -34,6 +33,7 @@ _FLAGS = {
     "heartbeat_seconds": "heartbeat_seconds",
     "preemption_grace": "preemption_grace",
     "log_level": "log_level",
+    "metrics_port": "metrics_port",
 }
 
 
@@ -49,6 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--heartbeat-seconds", help="heartbeat period (GPUQUOTA_HEARTBEAT_SECONDS, default 5)")
     add("--preemption-grace", help="seconds from SIGTERM to SIGKILL (GPUQUOTA_PREEMPTION_GRACE, default 30)")
     add("--log-level", help="DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)")
+    add("--metrics-port", help="serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)")
     add("--check", action="store_true", help="validate the configuration, print the node as JSON, exit")
 
 
@@ -65,13 +66,14 @@ def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> di
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     from gpuquota.node_agent.slots import SlotSpecError, discover_slots
+    from gpuquota.observe.startup import warn_unknown_variables
     from gpuquota.settings import NodeAgentSettings, SettingsError
 
     prog = "gpuquota node-agent"
+    env = os.environ if environ is None else environ
+    warn_unknown_variables(prog, env)
     try:
-        settings = NodeAgentSettings.from_env(
-            settings_environ(args, os.environ if environ is None else environ)
-        )
+        settings = NodeAgentSettings.from_env(settings_environ(args, env))
         slots = discover_slots(configured=settings.slot_spec)
     except (SettingsError, SlotSpecError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
@@ -96,10 +98,16 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.distributed import NodeAgentService, configure_logging, serve
     from gpuquota.node_agent import make_runtime
+    from gpuquota.observe.logs import bind
+    from gpuquota.observe.services import agent_ops
+    from gpuquota.observe.startup import run_service, wait_for_dependencies
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    bind(node_id=settings.node_id)
+    prog = "gpuquota node-agent"
 
     async def main() -> int:
+        await wait_for_dependencies(prog, settings.startup_timeout, settings.kafka)
         service = NodeAgentService(
             settings.kafka,
             settings.node_id,
@@ -111,7 +119,20 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
             heartbeat_seconds=settings.heartbeat_seconds,
             preemption_grace=settings.preemption_grace,
         )
-        ready = f"gpuquota node-agent {settings.node_id} ready"
-        return await serve(service.start, service.stop, ready)
+        port = settings.metrics_port
+        ops = None if port is None else agent_ops(service, settings.kafka, port)
 
-    return asyncio.run(main())
+        async def start() -> None:
+            if ops is not None:
+                await ops.start()
+            await service.start()
+
+        async def stop() -> None:
+            await service.stop()
+            if ops is not None:
+                await ops.stop()
+
+        ready = f"gpuquota node-agent {settings.node_id} ready"
+        return await serve(start, stop, ready)
+
+    return run_service(prog, main)

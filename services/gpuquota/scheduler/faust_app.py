@@ -53,6 +53,7 @@ from gpuquota.adapters.kafka import (
     ensure_topics,
     message_headers,
 )
+from gpuquota.observe.metrics import TimedStore, Timings
 from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineFailed, SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
@@ -358,12 +359,15 @@ class SchedulerService:
         self.failure: BaseException | None = None
         self._done = asyncio.Event()
         self._tasks: set[asyncio.Task[bool]] = set()
+        self.timings = Timings()
+        """Step and append histograms (``gpuquota.observe``; per batch, never per input)."""
 
     async def start(self) -> None:
         cfg = self.config
         await ensure_topics(cfg.kafka, self.topics, cfg.partitions)
         if self.store is None:
             self.store = await connect_store(cfg.database_url, cfg.store_retry_seconds)
+        self.store = TimedStore(self.store, self.timings)
         (cfg.data_dir / "faust").mkdir(parents=True, exist_ok=True)
         self.app = app = self._build_app()
         self.pipeline = Pipeline(
@@ -420,8 +424,10 @@ class SchedulerService:
                         SourceRecord(m.topic, m.partition, m.offset, m.key, m.value or b"")
                         for m in (event.message for event in events)
                     ]
+                    started = time.perf_counter()
                     if not await self._guard(self._pipeline().handle_batch(records)):
                         return
+                    self.timings.step.observe(time.perf_counter() - started)
                     for event in events:
                         await manual.ack(event)
 

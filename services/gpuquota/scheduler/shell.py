@@ -97,6 +97,8 @@ class SchedulerShell:
         self._queued: list[tuple[SchedulerInput, Answer]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
+        self.on_step: Callable[[float], None] | None = None
+        """Called with the seconds each batch took to decide, record and apply (metrics)."""
 
     # ----- inputs ------------------------------------------------------------------------------
 
@@ -147,9 +149,12 @@ class SchedulerShell:
         try:
             while self._queued:
                 batch, self._queued = self._queued, []
+                started = time.perf_counter()
                 try:
                     async with self._lock:
                         await self._handle_batch(batch)
+                    if self.on_step is not None:
+                        self.on_step(time.perf_counter() - started)
                 except Exception as exc:
                     log.exception("a batch of %d inputs failed", len(batch))
                     for _, answer in batch:

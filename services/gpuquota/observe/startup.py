@@ -1,0 +1,171 @@
+"""Start-up checks of the services: unknown ``GPUQUOTA_*`` variables, and unreachable dependencies.
+
+A misspelt variable (``..._PROT`` for ``..._PORT``) used to be ignored silently:
+:func:`unknown_variables` names each unknown variable with the closest known one. An unreachable
+Kafka or PostgreSQL at start-up used to end in a long traceback: :func:`wait_for` retries each address
+with back-off, saying so in one line per try, and :func:`run_service` turns a dependency that stays
+unreachable into one line on stderr naming the address and exit code :data:`EXIT_UNREACHABLE`, without
+a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpuquota.settings import ENV_PREFIX, SERVICE_SETTINGS
+
+log = logging.getLogger(__name__)
+
+EXIT_UNREACHABLE = 3
+"""A dependency (Kafka, PostgreSQL) stayed unreachable at start-up (2 is a configuration error)."""
+
+OTHER_VARIABLES = frozenset(
+    {
+        "GPUQUOTA_PORT",  # gpuquota up
+        "GPUQUOTA_ENDPOINT",  # the client commands
+        "GPUQUOTA_PURE_PYTHON",  # run the Python core even when the compiled one exists
+        "GPUQUOTA_LOG_FORMAT",
+        "GPUQUOTA_METRICS_PORT",
+        "GPUQUOTA_STARTUP_TIMEOUT",
+        "GPUQUOTA_SIM_DURATION_SECONDS",  # the simulated runtime
+        "GPUQUOTA_SIM_EXIT_CODE",
+        "GPUQUOTA_JOB_ID",  # set for each job's process by the node agent
+        "GPUQUOTA_JOB_NAME",
+        "GPUQUOTA_ATTEMPT",
+        "GPUQUOTA_ATTEMPT_ID",
+    }
+)
+
+
+def known_variables() -> frozenset[str]:
+    names: set[str] = set(OTHER_VARIABLES)
+    for settings in SERVICE_SETTINGS.values():
+        names |= settings.ENV_VARS
+    return frozenset(names)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``GPUQUOTA_*`` variable nothing reads, naming the closest known one."""
+    known = known_variables()
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"unknown variable {name} is ignored{hint}")
+    return warnings
+
+
+def warn_unknown_variables(prog: str, environ: Mapping[str, str]) -> None:
+    for warning in unknown_variables(environ):
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+
+
+# ----- dependencies -------------------------------------------------------------------------------
+
+
+class Unreachable(Exception):
+    """A dependency did not answer within the start-up timeout; the message names it and its address."""
+
+
+def kafka_addresses(bootstrap: str) -> list[tuple[str, str, int]]:
+    """``("Kafka", host, port)`` per bootstrap server."""
+    out = []
+    for server in filter(None, (s.strip() for s in bootstrap.split(","))):
+        host, _, port = server.rpartition(":")
+        out.append(("Kafka", host, int(port)))
+    return out
+
+
+def database_address(url: str) -> tuple[str, str, int]:
+    """``("PostgreSQL", host, port)`` of a ``postgresql://`` URL (its password never shown)."""
+    parts = urlsplit(url)
+    return ("PostgreSQL", parts.hostname or "localhost", parts.port or 5432)
+
+
+async def _connect(host: str, port: int, timeout: float) -> None:
+    _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    writer.close()
+
+
+async def wait_for(
+    prog: str,
+    what: str,
+    addresses: list[tuple[str, int]],
+    timeout: float,
+    *,
+    first_delay: float = 0.5,
+    max_delay: float = 5.0,
+    connect: Callable[[str, int, float], Awaitable[None]] = _connect,
+) -> None:
+    """Wait until one of ``addresses`` accepts a TCP connection, retrying with back-off for at most
+    ``timeout`` seconds; then raise :class:`Unreachable`."""
+    deadline = time.monotonic() + timeout
+    delay = first_delay
+    shown = ", ".join(f"{host}:{port}" for host, port in addresses)
+    while True:
+        problems = []
+        for host, port in addresses:
+            try:
+                await connect(host, port, min(3.0, max(0.1, deadline - time.monotonic())))
+                return
+            except (OSError, TimeoutError) as exc:
+                problems.append(_reason(exc))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Unreachable(f"cannot reach {what} at {shown} after {timeout:g} s: {problems[-1]}")
+        wait = min(delay, left)
+        print(
+            f"{prog}: {what} at {shown} unreachable ({problems[-1]}); retrying in {wait:.1f} s",
+            file=sys.stderr,
+        )
+        await asyncio.sleep(wait)  # back-off before the next try
+        delay = min(delay * 2, max_delay)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return re.sub(r"^\[Errno -?\d+\] ", "", text)
+
+
+async def wait_for_dependencies(
+    prog: str, timeout: float, kafka: str | None = None, database_url: str | None = None
+) -> None:
+    """Kafka's bootstrap servers and the database, each within ``timeout`` seconds (or ``Unreachable``)."""
+    if kafka:
+        await wait_for(prog, "Kafka", [(h, p) for _, h, p in kafka_addresses(kafka)], timeout)
+    if database_url:
+        _, host, port = database_address(database_url)
+        await wait_for(prog, "PostgreSQL", [(host, port)], timeout)
+
+
+def run_service(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """``asyncio.run(main())``, with a dependency lost during start-up as one line and an exit code."""
+    try:
+        return asyncio.run(main())
+    except Unreachable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except (OSError, ConnectionError) as exc:
+        print(f"{prog}: {_reason(exc)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except Exception as exc:
+        if _is_connection_error(exc):
+            print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        raise
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """aiokafka's and the event store's connection errors (not imported here: optional at import time)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"KafkaConnectionError", "TransientStoreError", "NoBrokersAvailable"})

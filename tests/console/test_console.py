@@ -1,0 +1,163 @@
+"""The web console (I7) in a real browser: the worked example's shares with the right figures, updated
+live; a job's explanation; a priority changed from the page and the preemption it causes.
+
+Screenshots of each page are taken every run; ``UPDATE_SCREENSHOTS=1`` writes them to docs/img/ (shown in
+the README and docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar, cast
+
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.webdriver import Chrome
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from gpuquota.gateway.auth import Keyring
+from tests.gateway.conftest import wait_for
+from tests.gateway.helpers import G5, status, submit, worked_example
+from tests.observe.helpers import get_json, stack
+
+T = TypeVar("T")
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
+FIGURES = ("limit", "maximum", "used", "borrowed", "lent", "queued")
+
+
+def until(browser: Chrome, condition: Callable[[Chrome], T], timeout: float = 30) -> T:
+    """Wait for ``condition`` (re-rendered elements may go stale between two polls: try again)."""
+
+    def check(driver: Chrome) -> T | bool:
+        try:
+            return condition(driver)
+        except (StaleElementReferenceException, WebDriverException):
+            return False
+
+    return cast(T, WebDriverWait(browser, timeout, poll_frequency=0.1).until(check))
+
+
+def click(browser: Chrome, by: str, what: str) -> None:
+    """Click the element (found again if a live update replaced it meanwhile)."""
+
+    def clicked(driver: Chrome) -> bool:
+        driver.find_element(by, what).click()
+        return True
+
+    until(browser, clicked)
+
+
+def text_of(by: str, what: str, expected: str) -> Callable[[Chrome], bool]:
+    return lambda browser: browser.find_element(by, what).text == expected
+
+
+def share_figures(browser: Chrome) -> dict[str, tuple[str, ...]]:
+    rows = browser.find_elements(By.CSS_SELECTOR, f'table.shares tr[data-unit="{G5}"]')
+    return {
+        row.get_attribute("data-share") or "": tuple(row.find_element(By.CLASS_NAME, f).text for f in FIGURES)
+        for row in rows
+    }
+
+
+def shows(expected: dict[str, tuple[str, ...]]) -> Callable[[Chrome], bool]:
+    return lambda browser: share_figures(browser) == expected
+
+
+def screenshot(browser: Chrome, tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"console-{name}.png"
+    assert browser.save_screenshot(str(path)) and path.stat().st_size > 10_000
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(path, IMAGES / path.name)
+
+
+def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> None:
+    running = stack(data_dir=tmp_path / "stack")
+    try:
+        batch = running.client
+        worked_example(batch)
+        ids = {
+            n: submit(batch, n, "QS1", p)
+            for n, p in (("qs1_job_high", 3), ("qs1_job_med", 2), ("qs1_job_low", 1))
+        }
+        wait_for(lambda: status(batch, ids["qs1_job_med"]) == "RUNNING", timeout=30)
+
+        browser.get(running.url + "/console/")
+        # step 1: high in quota, med borrows QS2's idle instance, low waits (QS3's is reserved)
+        until(
+            browser,
+            shows(
+                {
+                    "QS1": ("1", "3", "2", "1", "0", "1"),
+                    "QS2": ("1", "1", "0", "0", "1", "0"),
+                    "QS3": ("1", "1", "0", "0", "0", "0"),
+                }
+            ),
+        )
+        screenshot(browser, tmp_path, "overview")
+
+        # step 2, through boto3: the page follows by itself (live updates)
+        ids["qs2_job_1"] = submit(batch, "qs2_job_1", "QS2", 1)
+        until(
+            browser,
+            shows(
+                {
+                    "QS1": ("1", "3", "1", "0", "0", "2"),
+                    "QS2": ("1", "1", "1", "0", "0", "0"),
+                    "QS3": ("1", "1", "0", "0", "0", "0"),
+                }
+            ),
+        )
+
+        # the jobs list, filtered to QS1, then qs1_job_low's page and its explanation
+        click(browser, By.CSS_SELECTOR, 'table.shares tr[data-share="QS1"] a')
+        until(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "table.jobs tr[data-job]")) == 3)
+        screenshot(browser, tmp_path, "jobs")
+        click(browser, By.LINK_TEXT, "qs1_job_low")
+        _, explained = get_json(
+            f"{running.url}/gpuquota/v1/jobs/{urllib.parse.quote(ids['qs1_job_low'])}/explain"
+        )
+        message = explained["explanation"]["message"]
+        assert message
+        until(browser, text_of(By.CSS_SELECTOR, "#job-explanation .message", message))
+
+        # step 3 from the page: qs1_job_low's priority 1 -> 4 preempts qs1_job_high (in-share)
+        field = browser.find_element(By.ID, "priority")
+        field.clear()
+        field.send_keys("4")
+        click(browser, By.ID, "set-priority")
+        until(browser, text_of(By.ID, "job-status", "RUNNING"))
+        until(browser, text_of(By.ID, "job-priority", "4"))
+        browser.get(f"{running.url}/console/#/job/{ids['qs1_job_high']}")
+        until(browser, text_of(By.CSS_SELECTOR, "table.preemptions td.kind", "IN_SHARE"))
+        until(browser, text_of(By.ID, "job-preempted", "1"))
+        screenshot(browser, tmp_path, "job")
+        assert status(batch, ids["qs1_job_high"]) == "RUNNABLE"
+
+        browser.get(f"{running.url}/console/#/nodes")
+        until(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, ".node .slot.busy")) == 2)
+        screenshot(browser, tmp_path, "nodes")
+    finally:
+        running.close()
+
+
+def test_console_is_read_only_with_authentication_on(tmp_path: Path) -> None:
+    running = stack(auth=Keyring([]))
+    try:
+        code, overview = get_json(running.url + "/console/api/overview")
+        assert (code, overview["readOnly"]) == (200, True)
+        request = urllib.request.Request(
+            running.url + "/console/api/jobs/x/terminate", data=b"{}", method="POST"
+        )
+        try:
+            urllib.request.urlopen(request, timeout=10)
+            raise AssertionError("a write was accepted with authentication on")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 403
+    finally:
+        running.close()

@@ -1,0 +1,165 @@
+"""``/health/live`` and ``/health/ready`` (I7) and the start-up checks: unreachable dependencies, unknown
+``GPUQUOTA_*`` variables."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuquota.observe import healthcheck
+from gpuquota.observe.health import OpsServer, broker_probe, lag_probe, readiness
+from gpuquota.observe.metrics import new_registry
+from gpuquota.observe.startup import EXIT_UNREACHABLE, Unreachable, unknown_variables, wait_for
+from tests.observe.helpers import get_json, stack, two_steps
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port nothing listens on (bound, never listening, so nobody else takes it meanwhile)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    """A port that accepts TCP connections (and says nothing): "Kafka answers" for the start-up check."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield int(sock.getsockname()[1])
+
+
+def test_ready_says_what_is_not_ready(tmp_path: Path) -> None:
+    running = stack(data_dir=tmp_path)
+    try:
+        two_steps(running.client)
+        assert get_json(running.url + "/health/live") == (200, {"status": "live"})
+        assert get_json(running.url + "/health/ready") == (
+            200,
+            {"status": "ready", "checks": {"eventLog": "ok"}},
+        )
+        assert get_json(running.url + "/health") == (200, {"status": "ok"})
+        store = running.stack.store
+        assert store is not None
+        running.run(store.close())  # the event log is gone: the stack can decide nothing
+        code, body = get_json(running.url + "/health/ready")
+        assert code == 503
+        assert body["status"] == "not ready"
+        assert body["checks"]["eventLog"] != "ok"
+        assert get_json(running.url + "/health/live")[0] == 200
+    finally:
+        running.close()
+
+
+async def test_probes_name_the_unreachable_broker_and_the_lag(closed_port: int, listening_port: int) -> None:
+    ok, checks = await readiness(
+        {
+            "broker": broker_probe(f"127.0.0.1:{closed_port}"),
+            "other": broker_probe(f"127.0.0.1:{listening_port}"),
+            "readModel": lag_probe(lambda: _const(250)),
+            "caughtUp": lag_probe(lambda: _const(3)),
+        }
+    )
+    assert not ok
+    assert checks["broker"].startswith(f"Kafka unreachable at 127.0.0.1:{closed_port}")
+    assert checks["other"] == "ok"
+    assert checks["readModel"] == "250 log records behind"
+    assert checks["caughtUp"] == "ok"
+
+
+async def _const(value: int) -> int:
+    return value
+
+
+async def test_ops_server_answers_503_with_the_checks(closed_port: int) -> None:
+    server = OpsServer(new_registry(), {"broker": broker_probe(f"127.0.0.1:{closed_port}")}, "127.0.0.1", 0)
+    await server.start()
+    try:
+        code, body = await asyncio.to_thread(get_json, server.url + "/health/ready")
+        assert code == 503 and body["status"] == "not ready" and "unreachable" in body["checks"]["broker"]
+        assert (await asyncio.to_thread(get_json, server.url + "/health/live"))[0] == 200
+    finally:
+        await server.stop()
+
+
+async def test_wait_for_retries_with_back_off_then_gives_up(closed_port: int) -> None:
+    with pytest.raises(Unreachable, match=rf"cannot reach Kafka at 127.0.0.1:{closed_port} after 0.3 s"):
+        await wait_for("test", "Kafka", [("127.0.0.1", closed_port)], 0.3, first_delay=0.05)
+
+
+def test_unknown_variables_name_the_closest_known_one() -> None:
+    env = {
+        "GPUQUOTA_PROT": "1",
+        "GPUQUOTA_PORT": "2",
+        "GPUQUOTA_KAFAK": "x",
+        "GPUQUOTA_ZZZZZZZZZ": "",
+        "HOME": "/",
+    }
+    assert unknown_variables(env) == [
+        "unknown variable GPUQUOTA_KAFAK is ignored; did you mean GPUQUOTA_KAFKA?",
+        "unknown variable GPUQUOTA_PROT is ignored; did you mean GPUQUOTA_PORT?",
+        "unknown variable GPUQUOTA_ZZZZZZZZZ is ignored",
+    ]
+
+
+def _service(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUQUOTA_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuquota.cli", command],
+        env={**clean, "GPUQUOTA_STARTUP_TIMEOUT": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_service_without_kafka_exits_3_with_one_line_naming_it(closed_port: int) -> None:
+    done = _service(
+        "scheduler",
+        {
+            "GPUQUOTA_KAFKA": f"127.0.0.1:{closed_port}",
+            "GPUQUOTA_DATABASE_URL": "postgresql://u:secret@127.0.0.1:1/db",
+            "GPUQUOTA_PROT": "8080",
+        },
+    )
+    assert done.returncode == EXIT_UNREACHABLE, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "unknown variable GPUQUOTA_PROT is ignored; did you mean GPUQUOTA_PORT?" in lines[0]
+    assert lines[-1].startswith(
+        f"gpuquota scheduler: cannot reach Kafka at 127.0.0.1:{closed_port} after 1 s"
+    )
+    assert any("retrying in" in line for line in lines[1:-1])
+
+
+def test_a_service_without_postgresql_exits_3_naming_it(listening_port: int, closed_port: int) -> None:
+    done = _service(
+        "gateway",
+        {
+            "GPUQUOTA_KAFKA": f"127.0.0.1:{listening_port}",
+            "GPUQUOTA_DATABASE_URL": f"postgresql://u:secret@127.0.0.1:{closed_port}/db",
+        },
+    )
+    assert done.returncode == EXIT_UNREACHABLE, done.stderr
+    assert "Traceback" not in done.stderr and "secret" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"gpuquota gateway: cannot reach PostgreSQL at 127.0.0.1:{closed_port} after 1 s")
+
+
+async def test_the_image_healthcheck_asks_health_live(closed_port: int) -> None:
+    server = OpsServer(new_registry(), {}, "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_METRICS_PORT": str(server.port)}) == 0
+        assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_PORT": str(server.port)}) == 0
+        assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_PORT": str(closed_port)}) == 1
+    finally:
+        await server.stop()
