@@ -84,6 +84,8 @@ class Result:
     wall_seconds: float
     samples: Sampler
     decisions: list[Decision] | None = None
+    unmatched: int = 0
+    """Jobs of shares the configuration does not have."""
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Replay:
     seq: int = 0
     inputs: int = 0
     events: int = 0
+    unmatched: int = 0
 
     def __post_init__(self) -> None:
         self.shares = [s.name for s in self.config.shares]
@@ -188,7 +191,8 @@ class Replay:
         job_id = f"j{serial}"
         index = self.share_index.get(trace.share)
         if index is None:
-            return  # a share this configuration does not have: counted nowhere (see ``Result``)
+            self.unmatched += 1  # a share this configuration does not have
+            return
         counters = self.counters[index]
         counters.submitted += 1
         job = SimJob(trace, index, self.now)
@@ -319,6 +323,7 @@ class Replay:
             wall_seconds=wall_seconds,
             samples=self.samples,
             decisions=self.decisions,
+            unmatched=self.unmatched,
         )
 
 

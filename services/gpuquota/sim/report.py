@@ -73,6 +73,8 @@ def summary(result: Result) -> dict[str, Any]:
         )
     used = sum(result.used_ms)
     pool = _row(_merged(result.counters), result.capacity, span, used, used, sum(result.borrowed_ms), sum(result.lent_ms))
+    pool["jobs_submitted"] += result.unmatched
+    pool["jobs_rejected"] += result.unmatched
     shares[POOL] = pool
     return {
         "configuration": result.name,
@@ -90,6 +92,7 @@ def as_json(results: list[Result]) -> dict[str, Any]:
 
 LABELS = {
     "jobs_finished": "jobs finished",
+    "jobs_rejected": "jobs rejected",
     "jobs_failed": "jobs failed",
     "wait_p50_s": "wait p50 (s)",
     "wait_p95_s": "wait p95 (s)",
