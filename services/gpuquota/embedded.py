@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
-from gpuquota.core.explain import explain
+from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
@@ -111,7 +111,7 @@ class EmbeddedStack:
             shell.read_model,
             EmbeddedCommandPort(shell),
             clock=shell.clock,
-            explainer=lambda job_id: explain(shell.state, job_id),
+            explainer=estimating_explainer(lambda: shell.state, shell.read_model, shell.clock),
             auth=self.auth,
         )
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)
