@@ -81,9 +81,14 @@ def build(queued: int, seed: int) -> Cluster:
     for index in range(POOL + FINISHED + queued):
         cluster.now += rng.randrange(200)
         job = JobSpec(
-            job_id=f"job-{index}", job_name=f"job-{index}", job_queue="jq",
-            quota_share=f"share-{rng.randrange(SHARES):02d}", priority=rng.randrange(3), unit=UNIT,
-            count=rng.choice((1, 1, 1, 2, 4)), created_at=cluster.now,
+            job_id=f"job-{index}",
+            job_name=f"job-{index}",
+            job_queue="jq",
+            quota_share=f"share-{rng.randrange(SHARES):02d}",
+            priority=rng.randrange(3),
+            unit=UNIT,
+            count=rng.choice((1, 1, 1, 2, 4)),
+            created_at=cluster.now,
         )
         cluster.feed(inp.SubmitJob, job=job)
         if index >= POOL and index < POOL + FINISHED:
@@ -96,8 +101,11 @@ def finish_one(cluster: Cluster, rng: random.Random) -> None:
     job = rng.choice(running)
     assert job.attempt_id is not None
     cluster.feed(
-        inp.AttemptReport, node_id=job.placements[0].node_id, job_id=job.job_id,
-        attempt_id=job.attempt_id, status="SUCCEEDED",
+        inp.AttemptReport,
+        node_id=job.placements[0].node_id,
+        job_id=job.job_id,
+        attempt_id=job.attempt_id,
+        status="SUCCEEDED",
     )
 
 
@@ -134,7 +142,9 @@ def run(queued: int, seed: int, repeat: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.estimate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.estimate", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--queued", type=int, default=10_000, help="jobs queued (N)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=5, help="estimates per target (the median is printed)")

@@ -85,7 +85,9 @@ def run(jobs: int, seed: int, progress: bool) -> dict[str, Any]:
     config = configuration()
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    result = simulate(config, generate(workload(jobs, seed)), progress=stderr_progress("benchmark") if progress else None)
+    result = simulate(
+        config, generate(workload(jobs, seed)), progress=stderr_progress("benchmark") if progress else None
+    )
     wall = time.perf_counter() - started
     return {
         "jobs": jobs,
@@ -104,7 +106,9 @@ def run(jobs: int, seed: int, progress: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.simulate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.simulate", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--jobs", type=int, default=1_000_000, help="jobs in the trace (N)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -26,7 +26,6 @@ from aiohttp import web
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
-from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
@@ -35,6 +34,7 @@ from gpuquota.node_agent.kafka_link import KafkaNodeLink
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.scheduler.shell import wall_clock_ms
+from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)

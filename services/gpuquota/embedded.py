@@ -21,12 +21,12 @@ from aiohttp import web
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
-from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import SchedulerShell
+from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.node_commands import NodeCommand
 

@@ -31,8 +31,21 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     path = tmp_path / "trace.jsonl"
     rc, _, err = run(
-        capsys, "trace", "generate", "--jobs", "300", "--shares", "QS1:2,QS2:1,QS3:1",
-        "--rate-per-hour", "4", "--median-duration", "1200", "--preemption-retries", "3", "-o", str(path),
+        capsys,
+        "trace",
+        "generate",
+        "--jobs",
+        "300",
+        "--shares",
+        "QS1:2,QS2:1,QS3:1",
+        "--rate-per-hour",
+        "4",
+        "--median-duration",
+        "1200",
+        "--preemption-retries",
+        "3",
+        "-o",
+        str(path),
     )
     assert rc == 0, err
     return path
@@ -42,13 +55,25 @@ def test_generate_writes_the_trace_to_stdout(capsys: pytest.CaptureFixture[str])
     rc, out, _ = run(capsys, "trace", "generate", "--jobs", "3", "--seed", "5")
     assert rc == 0
     lines = [json.loads(line) for line in out.splitlines()]
-    assert len(lines) == 3 and set(lines[0]) == {"submitted_at", "share", "priority", "unit", "instances", "duration", "exit_code"}
+    assert len(lines) == 3 and set(lines[0]) == {
+        "submitted_at",
+        "share",
+        "priority",
+        "unit",
+        "instances",
+        "duration",
+        "exit_code",
+    }
 
 
-def test_simulate_compares_configurations(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_compares_configurations(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     other = tmp_path / "other.yaml"
     other.write_text(OTHER)
-    rc, out, err = run(capsys, "simulate", "-f", str(EXAMPLE), "-f", str(other), "--trace", str(trace), "--output", "json")
+    rc, out, err = run(
+        capsys, "simulate", "-f", str(EXAMPLE), "-f", str(other), "--trace", str(trace), "--output", "json"
+    )
     assert rc == 0, err
     first, second = json.loads(out)["configurations"]
     assert first["configuration"] == "worked-example.yaml" and second["configuration"] == "other.yaml"
@@ -58,14 +83,18 @@ def test_simulate_compares_configurations(tmp_path: Path, trace: Path, capsys: p
     assert second["shares"]["QS1"]["jobs_rejected"] == 0
     qs3 = first["shares"]["QS3"]["jobs_submitted"]
     assert second["shares"]["(pool)"]["jobs_rejected"] == qs3 > 0  # other.yaml has no QS3
-    rc, out, _ = run(capsys, "simulate", "-f", str(EXAMPLE), "-f", str(other), "--trace", str(trace), "--quiet")
+    rc, out, _ = run(
+        capsys, "simulate", "-f", str(EXAMPLE), "-f", str(other), "--trace", str(trace), "--quiet"
+    )
     assert rc == 0
     assert out.splitlines()[0].split() == ["share", "metric", "worked-example.yaml", "other.yaml"]
     assert any(line.startswith("QS3") and line.split()[-1] == "-" for line in out.splitlines())
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
-def test_simulate_draws_a_plot(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], suffix: str) -> None:
+def test_simulate_draws_a_plot(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], suffix: str
+) -> None:
     plot = tmp_path / f"plot{suffix}"
     rc, _, err = run(capsys, "simulate", "-f", str(EXAMPLE), "--trace", str(trace), "--plot", str(plot))
     assert rc == 0, err
@@ -78,7 +107,10 @@ def test_simulate_draws_a_plot(tmp_path: Path, trace: Path, capsys: pytest.Captu
     ("argv", "message"),
     [
         (["--trace", "missing.jsonl"], "gpuquota simulate: cannot read missing.jsonl"),
-        (["--trace", "TRACE", "--plot", "x.pdf"], "gpuquota simulate: --plot x.pdf: the file must end in .png or .svg"),
+        (
+            ["--trace", "TRACE", "--plot", "x.pdf"],
+            "gpuquota simulate: --plot x.pdf: the file must end in .png or .svg",
+        ),
         (["--trace", "BAD"], "gpuquota simulate: BAD:2: duration: Field required"),
     ],
 )
@@ -86,14 +118,18 @@ def test_simulate_errors_are_one_line(
     tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(trace.read_text().splitlines()[0] + '\n{"submitted_at": 9e9, "share": "QS1", "unit": "u"}\n')
+    bad.write_text(
+        trace.read_text().splitlines()[0] + '\n{"submitted_at": 9e9, "share": "QS1", "unit": "u"}\n'
+    )
     argv = [str(trace) if a == "TRACE" else str(bad) if a == "BAD" else a for a in argv]
     rc, out, err = run(capsys, "simulate", "-f", str(EXAMPLE), *argv)
     assert rc == 1 and out == ""
     assert err.replace(str(bad), "BAD").startswith(message)
 
 
-def test_a_configuration_without_capacity_is_refused(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_configuration_without_capacity_is_refused(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "shares.yaml"
     config.write_text("quotaShares:\n  - {name: QS1, jobQueue: q, capacityLimits: {u: 1}, strategy: LEND}\n")
     rc, _, err = run(capsys, "simulate", "-f", str(config), "--trace", str(trace))

@@ -21,7 +21,14 @@ G5 = "ml.g5.xlarge"
 def trace(checkpoint: float | None = None, retries: int | None = None) -> list[TraceJob]:
     return [
         TraceJob(submitted_at=0, share="QS1", unit=G5, duration=100, job_name="a"),
-        TraceJob(submitted_at=0, share="QS1", unit=G5, duration=100, checkpoint_every=checkpoint, preemption_retries=retries),
+        TraceJob(
+            submitted_at=0,
+            share="QS1",
+            unit=G5,
+            duration=100,
+            checkpoint_every=checkpoint,
+            preemption_retries=retries,
+        ),
         TraceJob(submitted_at=50, share="QS2", unit=G5, duration=10),
     ]
 
@@ -29,7 +36,11 @@ def trace(checkpoint: float | None = None, retries: int | None = None) -> list[T
 def test_a_preempted_job_resumes_from_its_last_checkpoint() -> None:
     result = simulate(CONFIG, trace(checkpoint=30), record_decisions=True)
     assert result.decisions == [
-        ("dispatch", "j0"), ("dispatch", "j1"), ("preempt", "j1"), ("dispatch", "j2"), ("dispatch", "j1")
+        ("dispatch", "j0"),
+        ("dispatch", "j1"),
+        ("preempt", "j1"),
+        ("dispatch", "j2"),
+        ("dispatch", "j1"),
     ]
     qs1, qs2, qs3 = result.counters
     assert (qs1.finished, qs2.finished, qs3.finished) == (2, 1, 0)

@@ -37,8 +37,13 @@ class Cluster:
 
     def submit(self, name: str, at: int, timeout: int | None = None) -> None:
         job = JobSpec(
-            job_id=name, job_name=name, job_queue=QUEUE, quota_share="QS3", unit="ml.g5.xlarge",
-            created_at=at, attempt_duration_seconds=timeout,
+            job_id=name,
+            job_name=name,
+            job_queue=QUEUE,
+            quota_share="QS3",
+            unit="ml.g5.xlarge",
+            created_at=at,
+            attempt_duration_seconds=timeout,
         )
         self.feed(inp.SubmitJob, at, job=job)
 
@@ -46,8 +51,12 @@ class Cluster:
         job = self.state.jobs[name]
         assert job.attempt_id is not None
         self.feed(
-            inp.AttemptReport, at, node_id=job.placements[0].node_id, job_id=name,
-            attempt_id=job.attempt_id, status="SUCCEEDED",
+            inp.AttemptReport,
+            at,
+            node_id=job.placements[0].node_id,
+            job_id=name,
+            attempt_id=job.attempt_id,
+            status="SUCCEEDED",
         )
 
 

@@ -9,13 +9,21 @@ import pytest
 from gpuquota.sim.generate import DAY, Workload, generate
 from gpuquota.sim.trace import TraceError, TraceJob, parse_lines, read_trace, write_trace
 
-GOOD = '{"submitted_at": 1.5, "share": "QS1", "priority": 3, "unit": "ml.g5.xlarge", "instances": 2, "duration": 60, "exit_code": 0}'
+GOOD = (
+    '{"submitted_at": 1.5, "share": "QS1", "priority": 3, "unit": "ml.g5.xlarge", "instances": 2, '
+    '"duration": 60, "exit_code": 0}'
+)
 
 
 def test_a_line_of_the_interface_format_parses() -> None:
     (job,) = parse_lines([GOOD])
     assert (job.submitted_at, job.share, job.priority, job.unit, job.instances, job.duration) == (
-        1.5, "QS1", 3, "ml.g5.xlarge", 2, 60.0,
+        1.5,
+        "QS1",
+        3,
+        "ml.g5.xlarge",
+        2,
+        60.0,
     )
     assert job.checkpoint_every is None and job.job_name is None
 
@@ -24,10 +32,19 @@ def test_a_line_of_the_interface_format_parses() -> None:
     ("line", "message"),
     [
         ('{"submitted_at": 1, "share": "QS1", "unit": "u"}', "trace:3: duration: Field required"),
-        (GOOD.replace('"instances": 2', '"instances": 0'), "trace:3: instances: Input should be greater than or equal to 1"),
-        (GOOD.replace('"exit_code": 0', '"exit_code": 0, "colour": "red"'), "trace:3: colour: Extra inputs are not permitted"),
+        (
+            GOOD.replace('"instances": 2', '"instances": 0'),
+            "trace:3: instances: Input should be greater than or equal to 1",
+        ),
+        (
+            GOOD.replace('"exit_code": 0', '"exit_code": 0, "colour": "red"'),
+            "trace:3: colour: Extra inputs are not permitted",
+        ),
         ("not json", "trace:3: Invalid JSON"),
-        (GOOD.replace('"submitted_at": 1.5', '"submitted_at": 0.5'), "trace:3: submitted_at 0.5 is before the previous line's 1.5"),
+        (
+            GOOD.replace('"submitted_at": 1.5', '"submitted_at": 0.5'),
+            "trace:3: submitted_at 0.5 is before the previous line's 1.5",
+        ),
     ],
 )
 def test_a_bad_line_is_rejected_with_its_line_number(line: str, message: str) -> None:
@@ -58,7 +75,9 @@ def test_written_traces_read_back() -> None:
 
 
 def test_generation_is_seeded_and_follows_its_parameters() -> None:
-    workload = Workload(jobs=3000, shares="A:3,B:1", gang_sizes="1:1,8:1", priorities="0:1,9:1", rate_per_hour=120)
+    workload = Workload(
+        jobs=3000, shares="A:3,B:1", gang_sizes="1:1,8:1", priorities="0:1,9:1", rate_per_hour=120
+    )
     first, second = list(generate(workload)), list(generate(workload))
     assert first == second
     assert first != list(generate(Workload(**{**workload.__dict__, "seed": 2})))
@@ -84,4 +103,7 @@ def test_arrivals_follow_the_daily_cycle() -> None:
 
 def test_trace_job_lines_omit_absent_options() -> None:
     job = TraceJob(submitted_at=0, share="S", unit="u", duration=1)
-    assert job.line() == '{"submitted_at": 0.0, "share": "S", "priority": 0, "unit": "u", "instances": 1, "duration": 1.0, "exit_code": 0}'
+    assert (
+        job.line() == '{"submitted_at": 0.0, "share": "S", "priority": 0, "unit": "u", "instances": 1, '
+        '"duration": 1.0, "exit_code": 0}'
+    )

@@ -35,7 +35,12 @@ def guarded(command: Command, name: str) -> Command:
 
 def configure_simulate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-f", "--file", dest="files", action="append", required=True, metavar="FILE.yaml",
+        "-f",
+        "--file",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE.yaml",
         help="a configuration in the apply -f format (repeat to compare several side by side)",
     )
     parser.add_argument("--trace", required=True, help="the workload: a JSON Lines trace ('-': stdin)")
@@ -77,7 +82,9 @@ def configure_trace(parser: argparse.ArgumentParser) -> None:
     from gpuquota.sim.generate import Workload
 
     sub = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
-    gen = sub.add_parser("generate", help="write a synthetic trace (seeded)", description="write a synthetic trace")
+    gen = sub.add_parser(
+        "generate", help="write a synthetic trace (seeded)", description="write a synthetic trace"
+    )
     defaults = Workload()
     helps = {
         "shares": "quota shares and their weights, NAME[:WEIGHT],...",
@@ -119,7 +126,7 @@ def trace_command(args: argparse.Namespace) -> int:
 
 
 def _open_output(path: str) -> TextIO:
-    return sys.stdout if path == "-" else open(path, "w", encoding="utf-8")  # noqa: SIM115
+    return sys.stdout if path == "-" else open(path, "w", encoding="utf-8")
 
 
 def _generate(args: argparse.Namespace) -> int:

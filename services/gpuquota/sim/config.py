@@ -74,7 +74,9 @@ def configuration(doc: ApplyDoc, name: str) -> Configuration:
     environment = ServiceEnvironmentSpec(
         name=env_doc.name,
         state=_state(env_doc.state),
-        capacity_limits=tuple(CapacityLimit(unit=u, max_capacity=n) for u, n in env_doc.capacityLimits.items()),
+        capacity_limits=tuple(
+            CapacityLimit(unit=u, max_capacity=n) for u, n in env_doc.capacityLimits.items()
+        ),
     )
     queue = JobQueueSpec(
         name=queue_name,
@@ -85,13 +87,17 @@ def configuration(doc: ApplyDoc, name: str) -> Configuration:
     shares = []
     for share in sorted(doc.quotaShares, key=lambda s: s.name):
         if share.jobQueue not in (None, queue_name):
-            raise CliError(f"{name}: quota share {share.name} is in job queue {share.jobQueue}, not {queue_name}")
+            raise CliError(
+                f"{name}: quota share {share.name} is in job queue {share.jobQueue}, not {queue_name}"
+            )
         strategy = Strategy(share.strategy)
         shares.append(
             QuotaShareSpec(
                 name=share.name,
                 job_queue=queue_name,
-                capacity_limits=tuple(CapacityLimit(unit=u, max_capacity=n) for u, n in share.capacityLimits.items()),
+                capacity_limits=tuple(
+                    CapacityLimit(unit=u, max_capacity=n) for u, n in share.capacityLimits.items()
+                ),
                 strategy=strategy,
                 borrow_limit=share.borrowLimit if share.borrowLimit is not None else -1,
                 in_share_preemption=share.inSharePreemption == "ENABLED",

@@ -47,7 +47,19 @@ Decision = tuple[str, str]
 
 
 class SimJob:
-    __slots__ = ("attempt_id", "checkpoint_ms", "count", "exit_code", "index", "node_id", "remaining_ms", "started", "submitted", "unit", "waited")
+    __slots__ = (
+        "attempt_id",
+        "checkpoint_ms",
+        "count",
+        "exit_code",
+        "index",
+        "node_id",
+        "remaining_ms",
+        "started",
+        "submitted",
+        "unit",
+        "waited",
+    )
 
     def __init__(self, trace: TraceJob, index: int, submitted: int) -> None:
         self.index = index
@@ -221,7 +233,12 @@ class Replay:
             status, exit_code = "STOPPED", None
         else:
             status, exit_code = ("SUCCEEDED" if job.exit_code == 0 else "FAILED"), job.exit_code
-        fields = {"node_id": job.node_id, "job_id": job_id, "attempt_id": job.attempt_id, "status": status}
+        fields: dict[str, Any] = {
+            "node_id": job.node_id,
+            "job_id": job_id,
+            "attempt_id": job.attempt_id,
+            "status": status,
+        }
         if exit_code is not None:
             fields["exit_code"] = exit_code
         self._feed(inp.AttemptReport, fields)
@@ -296,8 +313,10 @@ class Replay:
 
     def _result(self, start_ms: int, wall_seconds: float) -> Result:
         n = len(self.shares)
-        totals: dict[str, list[int]] = {k: [0] * n for k in ("used", "in_quota", "borrowed", "lent", "limits")}
-        for unit, ledger in self.ledgers.items():
+        totals: dict[str, list[int]] = {
+            k: [0] * n for k in ("used", "in_quota", "borrowed", "lent", "limits")
+        }
+        for ledger in self.ledgers.values():
             ledger.advance(self.now)
             for i in range(n):
                 totals["used"][i] += ledger.used_ms[i]
@@ -327,7 +346,9 @@ class Replay:
         )
 
 
-_JOB_SPEC_DEFAULTS = {name: None if f.is_required() else f.default for name, f in JobSpec.model_fields.items()}
+_JOB_SPEC_DEFAULTS = {
+    name: None if f.is_required() else f.default for name, f in JobSpec.model_fields.items()
+}
 _JOB_SPEC_FIELDS = set(JobSpec.model_fields)
 
 
@@ -359,6 +380,9 @@ def stderr_progress(name: str) -> Progress:
 
     def report(jobs: int, now_ms: int) -> None:
         elapsed = time.perf_counter() - started
-        print(f"  {name}: {jobs:,} jobs, virtual day {now_ms / 86_400_000:.1f} ({elapsed:.0f} s)", file=sys.stderr)
+        print(
+            f"  {name}: {jobs:,} jobs, virtual day {now_ms / 86_400_000:.1f} ({elapsed:.0f} s)",
+            file=sys.stderr,
+        )
 
     return report

@@ -1,8 +1,9 @@
 """When will a waiting job start? ``gpuquota explain`` adds an estimate by simulating forward.
 
-From the scheduler's state (inside a trial that undoes every change), with no new arrivals: every dispatched job ends at an assumed
-time, each end is fed to the core (``step``) as its node agent would report it, and the core's own
-decisions (dispatches, preemptions, whose stops are immediate) say when the job is dispatched.
+From the scheduler's state (inside a trial that undoes every change), with no new arrivals: every
+dispatched job ends at an assumed time, each end is fed to the core (``step``) as its node agent
+would report it, and the core's own decisions (dispatches, preemptions, whose stops are immediate)
+say when the job is dispatched.
 
 - *likely*: a job ends at its dispatch plus the median duration observed for its share (the median of
   every share when its own has none yet; one hour when nothing has finished yet); a job already
@@ -95,7 +96,9 @@ def forward(state: ClusterState, job_id: str, now: int, end_of: EndOf, budget_s:
         heapq.heappush(heap, (end, serial, job.job_id, job.attempt_id, job.placements[0].node_id, status))
 
     for job in _dispatched(state):
-        schedule_end(job, now if job.stop is not None else None, "STOPPED" if job.stop is not None else "SUCCEEDED")
+        schedule_end(
+            job, now if job.stop is not None else None, "STOPPED" if job.stop is not None else "SUCCEEDED"
+        )
     for steps in range(MAX_STEPS):
         if not heap:
             return Forward(None, unbounded)
@@ -146,9 +149,17 @@ def estimate(state: ClusterState, read_model: ReadModel, job_id: str, now: int) 
     assumptions = [
         "no new submissions; preempted jobs stop at once",
         "likely: running jobs end at their share's median observed duration "
-        + (f"(seconds: {known})" if known else f"(none observed yet: {DEFAULT_DURATION_MS // 1000} s assumed)"),
+        + (
+            f"(seconds: {known})"
+            if known
+            else f"(none observed yet: {DEFAULT_DURATION_MS // 1000} s assumed)"
+        ),
         "latest: running jobs end at their attemptDurationSeconds"
-        + (f" ({latest.unbounded} job(s) without one: no bound)" if latest.start_at is None and latest.unbounded else ""),
+        + (
+            f" ({latest.unbounded} job(s) without one: no bound)"
+            if latest.start_at is None and latest.unbounded
+            else ""
+        ),
     ]
     for name, run in (("likely", likely), ("latest", latest)):
         if run.not_before is not None:

@@ -31,7 +31,15 @@ def _wait(sketch: WaitSketch) -> dict[str, float]:
 def _merged(counters: list[ShareCounters]) -> ShareCounters:
     pool = ShareCounters()
     for c in counters:
-        for name in ("submitted", "rejected", "finished", "failed", "failed_by_preemption", "preemptions", "lost_ms"):
+        for name in (
+            "submitted",
+            "rejected",
+            "finished",
+            "failed",
+            "failed_by_preemption",
+            "preemptions",
+            "lost_ms",
+        ):
             setattr(pool, name, getattr(pool, name) + getattr(c, name))
         pool.waits.total += c.waits.total
         pool.waits.max_seconds = max(pool.waits.max_seconds, c.waits.max_seconds)
@@ -39,7 +47,9 @@ def _merged(counters: list[ShareCounters]) -> ShareCounters:
     return pool
 
 
-def _row(c: ShareCounters, limit: int, span_ms: int, used: int, in_quota: int, borrowed: int, lent: int) -> dict[str, Any]:
+def _row(
+    c: ShareCounters, limit: int, span_ms: int, used: int, in_quota: int, borrowed: int, lent: int
+) -> dict[str, Any]:
     limit_ms = limit * span_ms
     return {
         "jobs_submitted": c.submitted,
@@ -72,7 +82,15 @@ def summary(result: Result) -> dict[str, Any]:
             result.lent_ms[i],
         )
     used = sum(result.used_ms)
-    pool = _row(_merged(result.counters), result.capacity, span, used, used, sum(result.borrowed_ms), sum(result.lent_ms))
+    pool = _row(
+        _merged(result.counters),
+        result.capacity,
+        span,
+        used,
+        used,
+        sum(result.borrowed_ms),
+        sum(result.lent_ms),
+    )
     pool["jobs_submitted"] += result.unmatched
     pool["jobs_rejected"] += result.unmatched
     shares[POOL] = pool
@@ -125,10 +143,14 @@ def table(results: list[Result]) -> str:
         for key, label in LABELS.items():
             head = share if key == "jobs_finished" else ""
             cells = "".join(
-                f"  {s['shares'].get(share, {}).get(key, '-'):>{w}}" for s, w in zip(summaries, widths, strict=True)
+                f"  {s['shares'].get(share, {}).get(key, '-'):>{w}}"
+                for s, w in zip(summaries, widths, strict=True)
             )
             lines.append(f"{head:<{share_width}}  {label:<{label_width}}{cells}")
         lines.append("")
-    spans = ", ".join(f"{s['configuration']}: {s['simulated_hours']} h simulated in {s['wall_seconds']} s" for s in summaries)
+    spans = ", ".join(
+        f"{s['configuration']}: {s['simulated_hours']} h simulated in {s['wall_seconds']} s"
+        for s in summaries
+    )
     lines.append(spans)
     return "\n".join(lines)

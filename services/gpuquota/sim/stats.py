@@ -77,7 +77,17 @@ class ShareCounters:
 class UnitLedger:
     """Usage integrals of every share of the configuration in one capacity unit."""
 
-    __slots__ = ("borrowed_ms", "capacity", "in_quota_ms", "last", "lent_ms", "limits", "lends", "used", "used_ms")
+    __slots__ = (
+        "borrowed_ms",
+        "capacity",
+        "in_quota_ms",
+        "last",
+        "lends",
+        "lent_ms",
+        "limits",
+        "used",
+        "used_ms",
+    )
 
     def __init__(self, capacity: int, limits: list[int], lends: list[bool], start: int) -> None:
         self.capacity = capacity
