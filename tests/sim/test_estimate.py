@@ -132,3 +132,15 @@ def test_an_estimate_out_of_time_says_how_far_it_got() -> None:
         cut = forward(c.state, "r2", 70_000, likely_end({}), budget_s=0.0)
     assert cut.start_at is None and cut.not_before == 70_000
     assert fingerprint(c.state) == before
+
+
+def test_a_failing_estimate_leaves_the_explanation(monkeypatch: Any) -> None:
+    import gpuquota.sim.estimate as module
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(module, "estimate", broken)
+    c = cluster(timeout=None)
+    found = estimating_explainer(lambda: c.state, c.read_model, lambda: 70_000)("r2")
+    assert found is not None and found.reason == "WAITING_FOR_OWN_QUOTA" and found.estimate is None

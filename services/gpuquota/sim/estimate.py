@@ -18,6 +18,7 @@ at its share of the time budget (the answer is then "not before" the virtual tim
 from __future__ import annotations
 
 import heapq
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -32,6 +33,7 @@ from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus
 
+log = logging.getLogger(__name__)
 MAX_STEPS = 50_000
 BUDGET_S = 0.18
 LIKELY_BUDGET_S = 0.12
@@ -184,6 +186,11 @@ def estimating_explainer(
         found = explain(current, job_id)
         if found is None or found.status != JobStatus.RUNNABLE.value:
             return found
-        return replace(found, estimate=estimate(current, read_model, job_id, clock()))
+        try:
+            found_estimate = estimate(current, read_model, job_id, clock())
+        except Exception:  # an estimate is a courtesy: never let it break ``explain``
+            log.exception("start estimate of job %s failed", job_id)
+            return found
+        return replace(found, estimate=found_estimate)
 
     return explainer
