@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import TextIO
 
+from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.ctl.api import CliError
 from gpuquota.sim.trace import TraceError, write_trace
 
@@ -23,7 +24,7 @@ def guarded(command: Command, name: str) -> Command:
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except (CliError, TraceError, OSError, ValueError) as exc:
+        except (CliError, TraceError, EventStoreError, OSError, ValueError) as exc:
             print(f"gpuquota {name}: {exc}", file=sys.stderr)
             return 1
 
