@@ -9,11 +9,14 @@ arguments always give the same trace.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from gpuquota.core.context import construct
 from gpuquota.sim.trace import TraceJob
 
 DAY = 86_400.0
@@ -55,28 +58,42 @@ class Workload:
 
 def generate(w: Workload) -> Iterator[TraceJob]:
     rng = random.Random(w.seed)
-    shares, share_weights = weighted(w.shares)
-    priorities, priority_weights = weighted(w.priorities, int)
-    sizes, size_weights = weighted(w.gang_sizes, int)
+    pick_share = _chooser(rng, *weighted(w.shares))
+    pick_priority = _chooser(rng, *weighted(w.priorities, int))
+    pick_size = _chooser(rng, *weighted(w.gang_sizes, int))
     peak_rate = w.rate_per_hour / 3600 * (1 + w.cycle)
     mu = math.log(w.median_duration)
     now = 0.0
     for _ in range(w.jobs):
         now = _next_arrival(rng, now, peak_rate, w)
         duration = min(w.max_duration, rng.lognormvariate(mu, w.sigma))
+        fields = {
+            "submitted_at": round(now, 3),
+            "share": pick_share(),
+            "priority": int(pick_priority()),
+            "unit": w.unit,
+            "instances": int(pick_size()),
+            "duration": round(duration, 3),
+            "exit_code": 1 if rng.random() < w.failure_rate else 0,
+            "job_name": None,
+            "checkpoint_every": None if w.checkpoint_every is None else float(w.checkpoint_every),
+            "preemption_retries": w.preemption_retries,
+        }
         # Values drawn here are valid by construction: skip pydantic's checks (a million jobs).
-        yield TraceJob.model_construct(
-            submitted_at=round(now, 3),
-            share=str(rng.choices(shares, share_weights)[0]),
-            priority=int(str(rng.choices(priorities, priority_weights)[0])),
-            unit=w.unit,
-            instances=int(str(rng.choices(sizes, size_weights)[0])),
-            duration=round(duration, 3),
-            exit_code=1 if rng.random() < w.failure_rate else 0,
-            job_name=None,
-            checkpoint_every=w.checkpoint_every,
-            preemption_retries=w.preemption_retries,
-        )
+        yield construct(TraceJob, fields)
+
+
+def _chooser(rng: random.Random, names: list[object], weights: list[float]) -> Callable[[], str]:
+    """``rng.choices(names, weights)[0]`` (the same draws), without recomputing the sums each time."""
+    cumulative = list(itertools.accumulate(weights))
+    total = cumulative[-1]
+    labels = [str(name) for name in names]
+    last = len(labels) - 1
+
+    def choose() -> str:
+        return labels[bisect.bisect(cumulative, rng.random() * total, 0, last)]
+
+    return choose
 
 
 def _next_arrival(rng: random.Random, now: float, peak_rate: float, w: Workload) -> float:
