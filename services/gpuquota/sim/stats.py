@@ -75,14 +75,21 @@ class ShareCounters:
 
 
 class UnitLedger:
-    """Usage integrals of every share of the configuration in one capacity unit."""
+    """Usage integrals of every share of the configuration in one capacity unit.
+
+    Each share's own integrals (used, in quota, borrowed) are brought up to date only when its usage
+    changes (``last[i]``); lent instances depend on every share, so they are integrated on every
+    change, but only while something is borrowed.
+    """
 
     __slots__ = (
+        "borrowed",
         "borrowed_ms",
         "capacity",
         "in_quota_ms",
         "last",
         "lends",
+        "lent_last",
         "lent_ms",
         "limits",
         "used",
@@ -99,29 +106,42 @@ class UnitLedger:
         self.in_quota_ms = [0] * n
         self.borrowed_ms = [0] * n
         self.lent_ms = [0] * n
-        self.last = start
+        self.last = [start] * n
+        self.lent_last = start
+        self.borrowed = 0
+        """Instances borrowed by all shares together, now."""
 
     def change(self, now: int, share: int, delta: int) -> None:
-        self.advance(now)
-        self.used[share] += delta
+        self._settle_lent(now)
+        self._settle(now, share)
+        used, limit = self.used[share], self.limits[share]
+        self.borrowed += max(0, used + delta - limit) - max(0, used - limit)
+        self.used[share] = used + delta
 
     def advance(self, now: int) -> None:
-        dt = now - self.last
-        if dt <= 0:
+        self._settle_lent(now)
+        for share in range(len(self.used)):
+            self._settle(now, share)
+
+    def _settle(self, now: int, share: int) -> None:
+        dt = now - self.last[share]
+        self.last[share] = now
+        used = self.used[share]
+        if dt <= 0 or not used:
             return
-        self.last = now
-        borrowed_total = 0
-        for i, used in enumerate(self.used):
-            if used:
-                limit = self.limits[i]
-                self.used_ms[i] += used * dt
-                self.in_quota_ms[i] += min(used, limit) * dt
-                if used > limit:
-                    self.borrowed_ms[i] += (used - limit) * dt
-                    borrowed_total += used - limit
-        if borrowed_total:
-            lent = attribute_lent(self.capacity, self.limits, self.used, self.lends)
-            for i, given in lent.items():
+        limit = self.limits[share]
+        self.used_ms[share] += used * dt
+        if used > limit:
+            self.in_quota_ms[share] += limit * dt
+            self.borrowed_ms[share] += (used - limit) * dt
+        else:
+            self.in_quota_ms[share] += used * dt
+
+    def _settle_lent(self, now: int) -> None:
+        dt = now - self.lent_last
+        self.lent_last = now
+        if dt > 0 and self.borrowed:
+            for i, given in attribute_lent(self.capacity, self.limits, self.used, self.lends).items():
                 self.lent_ms[i] += given * dt
 
 
