@@ -139,3 +139,15 @@ def test_a_configuration_without_capacity_is_refused(
 def test_export_needs_a_recorded_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "trace", "export", "--data-dir", str(tmp_path))
     assert rc == 1 and "no recorded log at" in err
+
+
+def test_a_configuration_the_core_refuses_is_an_error(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "many.yaml"
+    shares = "".join(
+        f"  - {{name: S{i}, capacityLimits: {{ml.g5.xlarge: 1}}, strategy: LEND}}\n" for i in range(21)
+    )
+    config.write_text(OTHER.split("quotaShares:")[0] + "quotaShares:\n" + shares)
+    rc, _, err = run(capsys, "simulate", "-f", str(config), "--trace", str(trace))
+    assert rc == 1 and "many.yaml: Job queue jq already has 20 quota shares" in err

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpuquota.core import ClusterState, step
 from gpuquota.core.context import construct
+from gpuquota.ctl.api import CliError
 from gpuquota.sim.config import Configuration
 from gpuquota.sim.stats import Sampler, ShareCounters, UnitLedger
 from gpuquota.sim.trace import TraceJob
@@ -38,8 +39,6 @@ from gpuquota.wire.base import JobSpec
 SUBMIT, END, STOP = 0, 1, 2
 HEARTBEAT_TIMEOUT_MS = 2**62
 """Virtual nodes never miss a heartbeat (the engine sends no ticks)."""
-GC_THRESHOLDS = (20_000, 10, 10)
-"""As the shells (``gpuquota.embedded``): the state is made of long-lived records."""
 Progress = Callable[[int, int], None]
 """``progress(jobs submitted, virtual now ms)``."""
 Decision = tuple[str, str]
@@ -143,6 +142,8 @@ class Replay:
         self._setup(start_ms)
         if first is not None:
             self._push(start_ms, SUBMIT, first, "")
+        from gpuquota.embedded import GC_THRESHOLDS  # the shells' setting: long-lived records
+
         thresholds = gc.get_threshold()
         gc.collect()
         gc.freeze()
@@ -156,7 +157,9 @@ class Replay:
 
     def _setup(self, start_ms: int) -> None:
         for kind, fields in self.config.setup():
-            self._feed(kind, fields)
+            for event in self._feed(kind, fields):
+                if isinstance(event, ev.InputRejected):
+                    raise CliError(f"{self.config.name}: {event.reason}")
         limits: dict[str, list[int]] = {}
         for unit, capacity in self.config.capacity().items():
             limits[unit] = [s.limit(unit) or 0 for s in self.config.shares]
@@ -186,7 +189,7 @@ class Replay:
         self.seq += 1
         heapq.heappush(self.heap, (at, self.seq, kind, subject, attempt_id))
 
-    def _feed(self, kind: type[Any], fields: dict[str, Any]) -> None:
+    def _feed(self, kind: type[Any], fields: dict[str, Any]) -> list[ev.SchedulerEvent]:
         self.inputs += 1
         fields["event_id"] = str(self.inputs)
         fields["occurred_at"] = self.now
@@ -198,6 +201,7 @@ class Replay:
             handler = handlers.get(type(event))
             if handler is not None:
                 handler(event)
+        return events
 
     def _submit(self, trace: TraceJob, serial: int) -> None:
         job_id = f"j{serial}"
