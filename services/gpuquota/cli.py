@@ -107,6 +107,26 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     configure_demo(parser)
 
 
+def _sim(name: str) -> Handler:
+    """A local command of :mod:`gpuquota.sim.commands` (``<name>_command``): no gateway needed."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from gpuquota.sim import commands
+
+        return commands.guarded(getattr(commands, f"{name}_command"), name)(args)
+
+    return handler
+
+
+def _sim_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def configure(parser: argparse.ArgumentParser) -> None:
+        from gpuquota.sim import commands
+
+        getattr(commands, f"configure_{name}")(parser)
+
+    return configure
+
+
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
@@ -119,6 +139,8 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     "jobs": ("list, describe, reprioritise or terminate jobs", _client("jobs")),
     "shares": ("show quota shares: limits, usage, borrowed, lent, queued", _client("shares")),
     "explain": ("explain why a job waits or was preempted", _client("explain")),
+    "simulate": ("replay a trace through the scheduler under several configurations", _sim("simulate")),
+    "trace": ("generate a synthetic trace, or export one from a recorded log", _sim("trace")),
 }
 
 #: subcommand -> adds its flags to its parser
@@ -132,6 +154,8 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "jobs": _client_arguments("jobs"),
     "shares": _client_arguments("shares"),
     "explain": _client_arguments("explain"),
+    "simulate": _sim_arguments("simulate"),
+    "trace": _sim_arguments("trace"),
 }
 
 

@@ -27,7 +27,6 @@ from prometheus_client import CollectorRegistry
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
-from gpuquota.core import explain
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
@@ -39,6 +38,8 @@ from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
+from gpuquota.scheduler.shell import wall_clock_ms
+from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class GatewayService:
             self.read_model,
             port,
             pool=self.pool,
-            explainer=lambda job_id: explain(projector.state, job_id),
+            explainer=estimating_explainer(lambda: projector.state, self.read_model, wall_clock_ms),
             auth=self.auth,
         )
         self.registry = gateway_registry(gateway, lambda: projector.state)

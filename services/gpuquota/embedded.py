@@ -22,7 +22,6 @@ from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
-from gpuquota.core.explain import explain
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.ops import gateway_registry, install
@@ -33,6 +32,7 @@ from gpuquota.observe.metrics import TimedStore, Timings
 from gpuquota.observe.startup import warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import SchedulerShell
+from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.node_commands import NodeCommand
 
@@ -120,7 +120,7 @@ class EmbeddedStack:
             shell.read_model,
             EmbeddedCommandPort(shell),
             clock=shell.clock,
-            explainer=lambda job_id: explain(shell.state, job_id),
+            explainer=estimating_explainer(lambda: shell.state, shell.read_model, shell.clock),
             auth=self.auth,
         )
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)

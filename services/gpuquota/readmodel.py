@@ -576,26 +576,14 @@ class ReadModel:
                 else {c.unit: c.max_capacity for c in environment.spec.capacity_limits}
             )
             for unit, total in capacity.items():
-                covered = 0
-                borrowed = 0
-                for view in views:
-                    limit = next((c.max_capacity for c in view.spec.capacity_limits if c.unit == unit), 0)
-                    used = self.usage.get((queue_name, view.spec.name), {}).get(unit, 0)
-                    covered += limit
-                    borrowed += max(0, used - limit)
-                to_attribute = max(0, borrowed - max(0, total - covered))
-                for view in views:
-                    if to_attribute <= 0:
-                        break
-                    if view.spec.strategy is Strategy.RESERVE:
-                        continue
-                    limit = next((c.max_capacity for c in view.spec.capacity_limits if c.unit == unit), 0)
-                    used = self.usage.get((queue_name, view.spec.name), {}).get(unit, 0)
-                    idle = max(0, limit - used)
-                    if idle:
-                        given = min(idle, to_attribute)
-                        out.setdefault((queue_name, view.spec.name), {})[unit] = given
-                        to_attribute -= given
+                limits = [
+                    next((c.max_capacity for c in view.spec.capacity_limits if c.unit == unit), 0)
+                    for view in views
+                ]
+                used = [self.usage.get((queue_name, view.spec.name), {}).get(unit, 0) for view in views]
+                lends = [view.spec.strategy is not Strategy.RESERVE for view in views]
+                for index, given in attribute_lent(total, limits, used, lends).items():
+                    out.setdefault((queue_name, views[index].spec.name), {})[unit] = given
         return out
 
     def snapshot(self, queue: str, now: int) -> dict[str, Any]:
@@ -650,3 +638,22 @@ class ReadModel:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+def attribute_lent(capacity: int, limits: list[int], used: list[int], lends: list[bool]) -> dict[int, int]:
+    """Instances of one unit that each share lends (by index; shares in name order): the borrowed
+    instances that the capacity no share covers cannot explain are attributed to the idle quota of the
+    shares that lend (not RESERVE), in order. A display figure, not a decision input."""
+    covered = sum(limits)
+    borrowed = sum(max(0, u - limit) for u, limit in zip(used, limits, strict=True))
+    to_attribute = max(0, borrowed - max(0, capacity - covered))
+    out: dict[int, int] = {}
+    for index, limit in enumerate(limits):
+        if to_attribute <= 0:
+            break
+        idle = max(0, limit - used[index])
+        if lends[index] and idle:
+            given = min(idle, to_attribute)
+            out[index] = given
+            to_attribute -= given
+    return out

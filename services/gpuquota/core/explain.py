@@ -35,6 +35,9 @@ class Explanation:
     """0-based place of the job in its share's queue (0 = head)."""
     share_head: str | None = None
     figures: dict[str, int | None] = field(default_factory=dict)
+    estimate: dict[str, object] | None = None
+    """When a RUNNABLE job will likely and at the latest start: filled by the shells, not the core
+    (``gpuquota.sim.estimate``: it simulates the state forward)."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -355,6 +355,26 @@ def kind_label(kind: str) -> str:
     return {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}.get(kind, kind.lower())
 
 
+def _start_estimate(estimate: dict[str, Any] | None, style: Style) -> list[str]:
+    """When the job is expected to start (``gpuquota.sim.estimate``), and on what assumptions."""
+    if estimate is None:
+        return []
+
+    def at(ms: int | None, unknown: str, not_before: int | None) -> str:
+        if ms is None:
+            return unknown if not_before is None else f"after {render.when(not_before)} (estimate cut short)"
+        wait = max(0, ms - estimate["estimatedAt"]) / 1000
+        return f"{render.when(ms)} (in {wait:.0f} s)"
+
+    return [
+        "",
+        style("Start estimate", "bold"),
+        f"  likely     {at(estimate['likelyStartAt'], 'not foreseen', estimate.get('likelyNotBefore'))}",
+        f"  latest     {at(estimate['latestStartAt'], 'no bound', estimate.get('latestNotBefore'))}",
+        *(f"  assuming {line}" for line in estimate.get("assumptions", [])),
+    ]
+
+
 def format_explain(data: dict[str, Any], style: Style) -> str:
     demand = data.get("demand", {})
     lines = [
@@ -377,6 +397,7 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
                 style(f"Figures ({unit})", "bold"),
                 *_figures(explanation["figures"], FIGURE_LABELS),
             ]
+        lines += _start_estimate(explanation.get("startEstimate"), style)
     elif data["status"] in ("SUCCEEDED", "FAILED"):
         lines += ["", f"{style('Why', 'bold')}: the job has finished ({data['status']})."]
     last = data.get("lastPreemption")

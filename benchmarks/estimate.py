@@ -1,0 +1,158 @@
+"""Benchmark of ``gpuquota explain``'s start estimate: ``python -m benchmarks.estimate --queued N --json``.
+
+A 1,000-instance pool (one unit) in 20 quota shares of mixed strategies, full (1,000 jobs running,
+started at different times), N jobs queued across the shares, and the median durations of 500
+finished jobs. Times the estimate (``gpuquota.sim.estimate.estimate``, what the gateway's explain adds)
+of the head of a share's queue, of a job halfway down one, and of the last queued job of the pool.
+The estimate has a time budget (``gpuquota.sim.estimate.BUDGET_S``): ``*_finished_in_budget`` says
+whether it found the start within it; if not, ``*_likely_wait_s`` is how far it got (a lower bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from typing import Any
+
+from benchmarks.report import print_result
+from gpuquota import _native
+from gpuquota.core import ClusterState, step
+from gpuquota.readmodel import ReadModel
+from gpuquota.sim.config import Configuration
+from gpuquota.sim.estimate import estimate
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import (
+    CapacityLimit,
+    JobQueueSpec,
+    JobSpec,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    Strategy,
+)
+
+UNIT = "ml.p5.48xlarge"
+POOL = 1_000
+SHARES = 20
+FINISHED = 500
+STRATEGIES = (Strategy.RESERVE, Strategy.LEND, Strategy.LEND_AND_BORROW, Strategy.LEND_AND_BORROW)
+
+
+def configuration() -> Configuration:
+    shares = tuple(
+        QuotaShareSpec(
+            name=f"share-{i:02d}",
+            job_queue="jq",
+            capacity_limits=(CapacityLimit(unit=UNIT, max_capacity=POOL // SHARES),),
+            strategy=STRATEGIES[i % 4],
+            in_share_preemption=i % 2 == 0,
+        )
+        for i in range(SHARES)
+    )
+    return Configuration(
+        "benchmark",
+        SchedulingPolicySpec(name="policy"),
+        ServiceEnvironmentSpec(name="se", capacity_limits=(CapacityLimit(unit=UNIT, max_capacity=POOL),)),
+        JobQueueSpec(name="jq", service_environment="se", scheduling_policy="policy"),
+        shares,
+    )
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.state = ClusterState(10**12)
+        self.read_model = ReadModel()
+        self.serial = 0
+        self.now = 0
+
+    def feed(self, kind: type[Any], **fields: Any) -> None:
+        self.serial += 1
+        for event in step(self.state, kind(event_id=f"i{self.serial}", occurred_at=self.now, **fields)):
+            self.read_model.apply(event)
+
+
+def build(queued: int, seed: int) -> Cluster:
+    rng = random.Random(seed)
+    cluster = Cluster()
+    for kind, fields in configuration().setup():
+        cluster.feed(kind, **fields)
+    for index in range(POOL + FINISHED + queued):
+        cluster.now += rng.randrange(200)
+        job = JobSpec(
+            job_id=f"job-{index}",
+            job_name=f"job-{index}",
+            job_queue="jq",
+            quota_share=f"share-{rng.randrange(SHARES):02d}",
+            priority=rng.randrange(3),
+            unit=UNIT,
+            count=rng.choice((1, 1, 1, 2, 4)),
+            created_at=cluster.now,
+        )
+        cluster.feed(inp.SubmitJob, job=job)
+        if index >= POOL and index < POOL + FINISHED:
+            finish_one(cluster, rng)
+    return cluster
+
+
+def finish_one(cluster: Cluster, rng: random.Random) -> None:
+    running = [j for j in cluster.state.jobs.values() if j.attempt_id is not None]
+    job = rng.choice(running)
+    assert job.attempt_id is not None
+    cluster.feed(
+        inp.AttemptReport,
+        node_id=job.placements[0].node_id,
+        job_id=job.job_id,
+        attempt_id=job.attempt_id,
+        status="SUCCEEDED",
+    )
+
+
+def targets(state: ClusterState) -> dict[str, str]:
+    share = max(state.shares.values(), key=lambda s: len(s.queue))
+    queue = list(share.queue)
+    last = max((key for s in state.shares.values() for key in s.queue), key=lambda k: (k[1], k[2]))
+    return {"head": queue[0][2], "middle": queue[len(queue) // 2][2], "last_submitted": last[2]}
+
+
+def run(queued: int, seed: int, repeat: int) -> dict[str, Any]:
+    cluster = build(queued, seed)
+    state = cluster.state
+    result: dict[str, Any] = {
+        "queued": sum(len(s.queue) for s in state.shares.values()),
+        "running": sum(1 for j in state.jobs.values() if j.attempt_id is not None),
+    }
+    now = cluster.now + 1
+    for label, job_id in targets(state).items():
+        timings = []
+        found = None
+        for _ in range(repeat):
+            started = time.perf_counter()
+            found = estimate(state, cluster.read_model, job_id, now)
+            timings.append(time.perf_counter() - started)
+        assert found is not None
+        result[f"{label}_ms"] = round(statistics.median(timings) * 1000, 1)
+        likely = found["likelyStartAt"]
+        reached = found["likelyNotBefore"]
+        result[f"{label}_finished_in_budget"] = likely is not None
+        result[f"{label}_likely_wait_s"] = round(((likely if likely is not None else reached) - now) / 1000)
+    result["core"] = _native.core_mode()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.estimate", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--queued", type=int, default=10_000, help="jobs queued (N)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=5, help="estimates per target (the median is printed)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    print_result(run(args.queued, args.seed, args.repeat), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

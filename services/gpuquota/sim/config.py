@@ -1,0 +1,111 @@
+"""A simulated configuration: an ``apply -f`` file turned into the core's setup inputs.
+
+The file needs a service environment (its capacity limits are the pool: one virtual node per unit with
+that many slots) and quota shares; the scheduling policy and job queue are made up when absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuquota.ctl.api import CliError
+from gpuquota.ctl.apply import ApplyDoc, load
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import (
+    CapacityLimit,
+    JobQueueSpec,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    SlotOffer,
+    State,
+    Strategy,
+)
+
+DEFAULT_POLICY = "simulated-policy"
+DEFAULT_QUEUE = "simulated-queue"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    policy: SchedulingPolicySpec
+    environment: ServiceEnvironmentSpec
+    queue: JobQueueSpec
+    shares: tuple[QuotaShareSpec, ...]
+    """In name order (the order of every per-share figure)."""
+
+    def setup(self) -> list[tuple[type[Any], dict[str, Any]]]:
+        """The inputs (kind, fields) that build this configuration on an empty state, nodes last."""
+        out: list[tuple[type[Any], dict[str, Any]]] = [
+            (inp.CreateSchedulingPolicy, {"spec": self.policy}),
+            (inp.CreateServiceEnvironment, {"spec": self.environment}),
+            (inp.CreateJobQueue, {"spec": self.queue}),
+        ]
+        out += [(inp.CreateQuotaShare, {"spec": share}) for share in self.shares]
+        for unit, count in self.capacity().items():
+            slots = tuple(SlotOffer(unit=unit) for _ in range(count))
+            out.append((inp.RegisterNode, {"node_id": node_id(unit), "slots": slots}))
+        return out
+
+    def capacity(self) -> dict[str, int]:
+        return {c.unit: c.max_capacity for c in self.environment.capacity_limits if c.max_capacity > 0}
+
+
+def node_id(unit: str) -> str:
+    return f"sim-{unit}"
+
+
+def _state(value: str) -> State:
+    return State(value)
+
+
+def configuration(doc: ApplyDoc, name: str) -> Configuration:
+    if doc.serviceEnvironment is None:
+        raise CliError(f"{name}: a simulated configuration needs a serviceEnvironment (its capacity)")
+    if not doc.quotaShares:
+        raise CliError(f"{name}: a simulated configuration needs quotaShares")
+    env_doc = doc.serviceEnvironment
+    policy_name = doc.schedulingPolicy.name if doc.schedulingPolicy else DEFAULT_POLICY
+    queue_doc = doc.jobQueue
+    queue_name = queue_doc.name if queue_doc else DEFAULT_QUEUE
+    environment = ServiceEnvironmentSpec(
+        name=env_doc.name,
+        state=_state(env_doc.state),
+        capacity_limits=tuple(
+            CapacityLimit(unit=u, max_capacity=n) for u, n in env_doc.capacityLimits.items()
+        ),
+    )
+    queue = JobQueueSpec(
+        name=queue_name,
+        priority=queue_doc.priority if queue_doc else 1,
+        service_environment=environment.name,
+        scheduling_policy=policy_name,
+    )
+    shares = []
+    for share in sorted(doc.quotaShares, key=lambda s: s.name):
+        if share.jobQueue not in (None, queue_name):
+            raise CliError(
+                f"{name}: quota share {share.name} is in job queue {share.jobQueue}, not {queue_name}"
+            )
+        strategy = Strategy(share.strategy)
+        shares.append(
+            QuotaShareSpec(
+                name=share.name,
+                job_queue=queue_name,
+                capacity_limits=tuple(
+                    CapacityLimit(unit=u, max_capacity=n) for u, n in share.capacityLimits.items()
+                ),
+                strategy=strategy,
+                borrow_limit=share.borrowLimit if share.borrowLimit is not None else -1,
+                in_share_preemption=share.inSharePreemption == "ENABLED",
+                state=_state(share.state),
+            )
+        )
+    return Configuration(name, SchedulingPolicySpec(name=policy_name), environment, queue, tuple(shares))
+
+
+def load_configuration(path: str | Path) -> Configuration:
+    return configuration(load(path), Path(path).name)

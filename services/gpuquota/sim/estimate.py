@@ -1,0 +1,196 @@
+"""When will a waiting job start? ``gpuquota explain`` adds an estimate by simulating forward.
+
+From the scheduler's state (inside a trial that undoes every change), with no new arrivals: every
+dispatched job ends at an assumed time, each end is fed to the core (``step``) as its node agent
+would report it, and the core's own decisions (dispatches, preemptions, whose stops are immediate)
+say when the job is dispatched.
+
+- *likely*: a job ends at its dispatch plus the median duration observed for its share (the median of
+  every share when its own has none yet; one hour when nothing has finished yet); a job already
+  running for longer than that is assumed to end now.
+- *latest*: a job ends at its attempt timeout (``attemptDurationSeconds``), an upper bound; when a job
+  the answer depends on has no timeout, there is no bound and ``latestStartAt`` is null.
+
+Each answer says what it assumed. A forward run stops after ``MAX_STEPS`` ends (no answer then) or
+at its share of the time budget (the answer is then "not before" the virtual time it reached).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuquota.core import ClusterState, Explanation, explain, step
+from gpuquota.core.context import construct
+from gpuquota.core.state import JobRecord, ShareKey
+from gpuquota.readmodel import ReadModel
+from gpuquota.wire import events as ev
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import JobStatus
+
+log = logging.getLogger(__name__)
+MAX_STEPS = 50_000
+BUDGET_S = 0.18
+LIKELY_BUDGET_S = 0.12
+"""The estimate answers within ``BUDGET_S`` (an explain must stay quick): a forward run that needs
+longer stops and says how far it got ("starts after ...")."""
+DEFAULT_DURATION_MS = 3_600_000
+EndOf = Callable[[JobRecord, int], int | None]
+"""(dispatched job, now) -> when it ends, or None: unknown (no bound)."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    start_at: int | None
+    unbounded: int
+    """How many of the jobs the run had to end had no known end (then ``start_at`` is None)."""
+    not_before: int | None = None
+    """When the run stopped at its time budget: the virtual time it reached (the job starts later)."""
+
+
+def observed_medians(read_model: ReadModel) -> dict[ShareKey, int]:
+    """Median duration (dispatch to end, ms) of each share's succeeded jobs."""
+    durations: dict[ShareKey, list[int]] = {}
+    for job in read_model.jobs.values():
+        last = job.attempts[-1] if job.attempts else None
+        if job.status is JobStatus.SUCCEEDED and last is not None and last.stopped_at is not None:
+            durations.setdefault(job.share, []).append(last.stopped_at - last.scheduled_at)
+    return {share: int(statistics.median(values)) for share, values in durations.items()}
+
+
+def likely_end(medians: dict[ShareKey, int]) -> EndOf:
+    fallback = int(statistics.median(medians.values())) if medians else DEFAULT_DURATION_MS
+
+    def end(job: JobRecord, now: int) -> int:
+        started = job.scheduled_at if job.scheduled_at is not None else now
+        return max(now, started + medians.get(job.share, fallback))
+
+    return end
+
+
+def latest_end(job: JobRecord, now: int) -> int | None:
+    if job.attempt_duration_seconds is None:
+        return None
+    started = job.scheduled_at if job.scheduled_at is not None else now
+    return max(now, started + job.attempt_duration_seconds * 1000)
+
+
+def forward(state: ClusterState, job_id: str, now: int, end_of: EndOf, budget_s: float = 3600.0) -> Forward:
+    """Run ``state`` forward (changing it) until ``job_id`` is dispatched, or ``budget_s`` has passed."""
+    deadline = time.perf_counter() + budget_s
+    heap: list[tuple[int, int, str, str, str, str]] = []
+    serial = 0
+    unbounded = 0
+
+    def schedule_end(job: JobRecord, at: int | None = None, status: str = "SUCCEEDED") -> None:
+        nonlocal serial, unbounded
+        end = at if at is not None else end_of(job, now)
+        if end is None:
+            unbounded += 1
+            return
+        serial += 1
+        assert job.attempt_id is not None
+        heapq.heappush(heap, (end, serial, job.job_id, job.attempt_id, job.placements[0].node_id, status))
+
+    for job in _dispatched(state):
+        schedule_end(
+            job, now if job.stop is not None else None, "STOPPED" if job.stop is not None else "SUCCEEDED"
+        )
+    for steps in range(MAX_STEPS):
+        if not heap:
+            return Forward(None, unbounded)
+        if steps % 16 == 0 and time.perf_counter() > deadline:
+            return Forward(None, unbounded, not_before=now)
+        now, _, ended, attempt_id, node_id, status = heapq.heappop(heap)
+        fields = {"event_id": f"estimate-{steps}", "occurred_at": now, "node_id": node_id}
+        fields |= {"job_id": ended, "attempt_id": attempt_id, "status": status}
+        for event in step(state, construct(inp.AttemptReport, fields)):
+            if isinstance(event, ev.JobDispatched):
+                if event.job_id == job_id:
+                    return Forward(now, unbounded)
+                schedule_end(state.jobs[event.job_id])
+            elif isinstance(event, ev.JobPreempted | ev.JobStopRequested):
+                schedule_end(state.jobs[event.job_id], now, "STOPPED")
+    return Forward(None, unbounded)
+
+
+def _dispatched(state: ClusterState) -> Iterable[JobRecord]:
+    ids = sorted(i for share in state.shares.values() for group in share.dispatched.values() for i in group)
+    return (state.jobs[i] for i in ids)
+
+
+def trial_forward(state: ClusterState, job_id: str, now: int, end_of: EndOf, budget_s: float) -> Forward:
+    """``forward`` on the scheduler's own state inside a trial (the core's journal, as ``decide``
+    uses): every change is undone on the way out, which costs far less than copying the state. The
+    caller must not let anything else touch the state meanwhile (the shells' single thread)."""
+    with state.trial():
+        return forward(state, job_id, now, end_of, budget_s)
+
+
+def _latest(state: ClusterState, job_id: str, now: int, budget_s: float) -> Forward:
+    running = list(_dispatched(state))
+    if running and all(latest_end(job, now) is None for job in running):
+        return Forward(None, len(running))  # no running job has a bound: spare the copy and the run
+    return trial_forward(state, job_id, now, latest_end, budget_s)
+
+
+def estimate(state: ClusterState, read_model: ReadModel, job_id: str, now: int) -> dict[str, Any] | None:
+    job = state.jobs.get(job_id)
+    if job is None or job.status is not JobStatus.RUNNABLE:
+        return None
+    medians = observed_medians(read_model)
+    started = time.perf_counter()
+    likely = trial_forward(state, job_id, now, likely_end(medians), LIKELY_BUDGET_S)
+    latest = _latest(state, job_id, now, max(0.01, BUDGET_S - (time.perf_counter() - started)))
+    known = {share[1]: round(ms / 1000, 1) for share, ms in sorted(medians.items())}
+    assumptions = [
+        "no new submissions; preempted jobs stop at once",
+        "likely: running jobs end at their share's median observed duration "
+        + (
+            f"(seconds: {known})"
+            if known
+            else f"(none observed yet: {DEFAULT_DURATION_MS // 1000} s assumed)"
+        ),
+        "latest: running jobs end at their attemptDurationSeconds"
+        + (
+            f" ({latest.unbounded} job(s) without one: no bound)"
+            if latest.start_at is None and latest.unbounded
+            else ""
+        ),
+    ]
+    for name, run in (("likely", likely), ("latest", latest)):
+        if run.not_before is not None:
+            assumptions.append(f"{name}: the estimate ran out of time; the job starts after {run.not_before}")
+    return {
+        "likelyStartAt": likely.start_at,
+        "likelyNotBefore": likely.not_before,
+        "latestStartAt": latest.start_at,
+        "latestNotBefore": latest.not_before,
+        "estimatedAt": now,
+        "assumptions": assumptions,
+    }
+
+
+def estimating_explainer(
+    state: Callable[[], ClusterState], read_model: ReadModel, clock: Callable[[], int]
+) -> Callable[[str], Explanation | None]:
+    """``explain`` with a start estimate for RUNNABLE jobs (the gateway's explainer)."""
+
+    def explainer(job_id: str) -> Explanation | None:
+        current = state()
+        found = explain(current, job_id)
+        if found is None or found.status != JobStatus.RUNNABLE.value:
+            return found
+        try:
+            found_estimate = estimate(current, read_model, job_id, clock())
+        except Exception:  # an estimate is a courtesy: never let it break ``explain``
+            log.exception("start estimate of job %s failed", job_id)
+            return found
+        return replace(found, estimate=found_estimate)
+
+    return explainer

@@ -1,0 +1,146 @@
+"""The start estimate of ``gpuquota explain``: the state simulated forward, on a case worked by hand.
+
+The worked example's QS3 (RESERVE, one instance): r0 ran 40 s (the share's median), r1 runs since
+50 s with a 300 s timeout, r2 waits behind it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuquota.core import ClusterState, fingerprint, step
+from gpuquota.readmodel import ReadModel
+from gpuquota.sim.config import load_configuration
+from gpuquota.sim.estimate import estimate, estimating_explainer
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import JobSpec
+
+CONFIG = load_configuration(Path(__file__).parents[2] / "deploy" / "examples" / "worked-example.yaml")
+QUEUE = CONFIG.queue.name
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.state = ClusterState(10**12)
+        self.read_model = ReadModel()
+        self.serial = 0
+        for kind, fields in CONFIG.setup():
+            self.feed(kind, 0, **fields)
+
+    def feed(self, kind: type[Any], at: int, **fields: Any) -> list[Any]:
+        self.serial += 1
+        events = step(self.state, kind(event_id=f"i{self.serial}", occurred_at=at, **fields))
+        for event in events:
+            self.read_model.apply(event)
+        return events
+
+    def submit(self, name: str, at: int, timeout: int | None = None) -> None:
+        job = JobSpec(
+            job_id=name,
+            job_name=name,
+            job_queue=QUEUE,
+            quota_share="QS3",
+            unit="ml.g5.xlarge",
+            created_at=at,
+            attempt_duration_seconds=timeout,
+        )
+        self.feed(inp.SubmitJob, at, job=job)
+
+    def succeed(self, name: str, at: int) -> None:
+        job = self.state.jobs[name]
+        assert job.attempt_id is not None
+        self.feed(
+            inp.AttemptReport,
+            at,
+            node_id=job.placements[0].node_id,
+            job_id=name,
+            attempt_id=job.attempt_id,
+            status="SUCCEEDED",
+        )
+
+
+def cluster(timeout: int | None) -> Cluster:
+    c = Cluster()
+    c.submit("r0", 0)
+    c.succeed("r0", 40_000)
+    c.submit("r1", 50_000, timeout)
+    c.submit("r2", 60_000)
+    return c
+
+
+def test_likely_and_latest_start() -> None:
+    c = cluster(timeout=300)
+    before = fingerprint(c.state)
+    found = estimate(c.state, c.read_model, "r2", now=70_000)
+    assert found is not None
+    assert found["likelyStartAt"] == 90_000  # r1 ends at 50 s + the 40 s median
+    assert found["latestStartAt"] == 350_000  # r1 ends at its timeout at the latest
+    assert any("QS3" in line and "40.0" in line for line in found["assumptions"])
+    assert fingerprint(c.state) == before  # the scheduler's own state is untouched
+
+
+def test_without_timeouts_there_is_no_latest_start() -> None:
+    c = cluster(timeout=None)
+    found = estimate(c.state, c.read_model, "r2", now=100_000)
+    assert found is not None
+    assert found["likelyStartAt"] == 100_000  # r1 outran the median: assumed to end now
+    assert found["latestStartAt"] is None
+    assert any("no bound" in line for line in found["assumptions"])
+
+
+def test_only_waiting_jobs_get_an_estimate() -> None:
+    c = cluster(timeout=None)
+    assert estimate(c.state, c.read_model, "r1", now=70_000) is None
+    explainer = estimating_explainer(lambda: c.state, c.read_model, lambda: 70_000)
+    running, waiting = explainer("r1"), explainer("r2")
+    assert running is not None and running.estimate is None
+    assert waiting is not None and waiting.estimate is not None
+    assert waiting.reason == "WAITING_FOR_OWN_QUOTA"
+
+
+def test_gpuquota_explain_shows_the_estimate(capsys: Any) -> None:
+    from tests.cli.conftest import Cli, play_worked_example
+    from tests.gateway.conftest import StackThread
+
+    stack = StackThread()
+    try:
+        jobs = play_worked_example(stack)
+        cli = Cli(capsys, stack.stack.url)
+        low = cli("explain", jobs["qs1_job_low"])
+        assert low.rc == 0, low.err
+        assert "Start estimate" in low.out
+        assert "  latest     no bound" in low.out  # the running jobs have no timeout
+        assert "  likely     " in low.out and "assuming no new submissions" in low.out
+        import json
+
+        data = json.loads(cli("explain", jobs["qs1_job_low"], "-o", "json").out)
+        found = data["explanation"]["startEstimate"]
+        assert found["likelyStartAt"] >= found["estimatedAt"] and found["latestStartAt"] is None
+        running = json.loads(cli("explain", jobs["qs1_job_high"], "-o", "json").out)
+        assert running["explanation"]["startEstimate"] is None
+    finally:
+        stack.close()
+
+
+def test_an_estimate_out_of_time_says_how_far_it_got() -> None:
+    from gpuquota.sim.estimate import forward, likely_end
+
+    c = cluster(timeout=300)
+    before = fingerprint(c.state)
+    with c.state.trial():
+        cut = forward(c.state, "r2", 70_000, likely_end({}), budget_s=0.0)
+    assert cut.start_at is None and cut.not_before == 70_000
+    assert fingerprint(c.state) == before
+
+
+def test_a_failing_estimate_leaves_the_explanation(monkeypatch: Any) -> None:
+    import gpuquota.sim.estimate as module
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(module, "estimate", broken)
+    c = cluster(timeout=None)
+    found = estimating_explainer(lambda: c.state, c.read_model, lambda: 70_000)("r2")
+    assert found is not None and found.reason == "WAITING_FOR_OWN_QUOTA" and found.estimate is None
