@@ -527,6 +527,16 @@ def _drain(ctx: Context, m: inp.DrainNode) -> bool:
     return True
 
 
+@_handles(inp.UndrainNode)
+def _undrain(ctx: Context, m: inp.UndrainNode) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    if node.draining:
+        ctx.emit(ev.NodeUndrained, node_id=m.node_id)
+    return True
+
+
 @_handles(inp.DeregisterNode)
 def _deregister(ctx: Context, m: inp.DeregisterNode) -> bool:
     node = ctx.state.nodes.get(m.node_id)

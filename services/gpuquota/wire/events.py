@@ -220,6 +220,13 @@ class NodeDraining(Message):
     node_id: str
 
 
+class NodeUndrained(Message):
+    """A draining node is back in service: its slots count again and it gets new dispatches."""
+
+    type: Literal["NodeUndrained"] = "NodeUndrained"
+    node_id: str
+
+
 class NodeLost(Message):
     """The node is gone (missed heartbeats or deregistered); its attempts were requeued first."""
 
@@ -249,6 +256,7 @@ SchedulerEvent = Annotated[
     | NodeRegistered
     | NodeHeartbeatRecorded
     | NodeDraining
+    | NodeUndrained
     | NodeLost,
     Field(discriminator="type"),
 ]
