@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
+from gpuquota.nodeview import NodeTable
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import (
     JobQueueSpec,
@@ -137,12 +138,15 @@ class ReadModel:
         self.client_tokens: dict[str, tuple[str, str]] = {}
         """SubmitServiceJob ``clientToken`` -> (fingerprint of the request, job id)."""
         self.last_event_at = 0
+        self.nodes = NodeTable()
+        """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
 
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
         if event.occurred_at > self.last_event_at:
             self.last_event_at = event.occurred_at
+        self.nodes.apply(event)
         name = _HANDLERS.get(event.type)
         if name is None:
             name = _HANDLERS[event.type] = f"_on_{event.type}"

@@ -97,6 +97,7 @@ class Gateway:
         self.pool = pool
         self.explainer = explainer
         self.auth = auth
+        self.route_hooks: list[Callable[[web.UrlDispatcher], None]] = []  # e.g. gateway.node_routes
         self.operation_names = {
             name.lower(): name
             for name in (
@@ -935,6 +936,8 @@ class Gateway:
         app.router.add_route("*", "/v1/tags/{arn:.+}", self._tags)
         app.router.add_get("/gpuquota/v1/shares", self._shares_route)
         app.router.add_get("/gpuquota/v1/jobs/{job:.+}/explain", self._explain_route)
+        for add_routes in self.route_hooks:
+            add_routes(app.router)
         app.router.add_route("*", "/v1/{operation}", self._operation)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         return app
