@@ -121,8 +121,11 @@ def logs_command(api: Api, args: argparse.Namespace, style: Style) -> int:
         chunk = api.logs(args.job, attempt, offset)
         if chunk["attempt"] is None and not args.follow:
             raise CliError(f"job {chunk['jobId']} has no attempt yet (status {chunk['status']})")
-        sys.stdout.write(chunk["text"])
-        sys.stdout.flush()
+        if args.output == "json":  # one JSON document per piece read (JSON Lines)
+            print(json.dumps(chunk, sort_keys=True), flush=True)
+        else:
+            sys.stdout.write(chunk["text"])
+            sys.stdout.flush()
         offset = int(chunk["nextOffset"])
         if chunk["attempt"] is not None:
             attempt = int(chunk["attempt"])  # follow the attempt we started on, not a later one
