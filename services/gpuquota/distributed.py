@@ -210,7 +210,14 @@ class DistributedStack:
         )
         local = LocalLogs(lambda node_id: data_dir / "nodes" / node_id)  # its agents share its disk
         self.gateway = GatewayService(
-            kafka, database_url, topics=self.topics, pool=pool, host=host, port=port, auth=auth, node_logs=local
+            kafka,
+            database_url,
+            topics=self.topics,
+            pool=pool,
+            host=host,
+            port=port,
+            auth=auth,
+            node_logs=local,
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:

@@ -23,8 +23,8 @@ from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
 from gpuquota.core.explain import explain
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
-from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
+from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import SchedulerShell

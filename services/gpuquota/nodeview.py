@@ -96,7 +96,9 @@ class NodeTable:
         ]
 
     @staticmethod
-    def _row(node: NodeView, attempts: list[dict[str, Any]], used: dict[str, int], now: int) -> dict[str, Any]:
+    def _row(
+        node: NodeView, attempts: list[dict[str, Any]], used: dict[str, int], now: int
+    ) -> dict[str, Any]:
         slots: dict[str, int] = {}
         for slot in node.slots:
             slots[slot.unit] = slots.get(slot.unit, 0) + 1

@@ -143,8 +143,9 @@ class GatewaySettings(_DatabaseSettings):
     """``gpuquota gateway``: HTTP API in front of the scheduler.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
-    GPUQUOTA_AUTH_KEYS, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``auth_keys``: the keys file of
-    ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no authentication.
+    GPUQUOTA_AUTH_KEYS, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    ``auth_keys``: the keys file of ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no
+    authentication. ``node_logs_url``: where node agents serve attempt logs (``gpuquota jobs logs``).
     """
 
     host: str = "127.0.0.1"
@@ -194,8 +195,9 @@ class NodeAgentSettings(_Settings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
     GPUQUOTA_RUNTIME, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
-    GPUQUOTA_LOGS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means ``process`` and
-    ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
+    GPUQUOTA_LOGS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means
+    ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
+    work directory.
     """
 
     node_id: Name

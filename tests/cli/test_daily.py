@@ -155,10 +155,14 @@ def real_stack(tmp_path: Path) -> Iterator[StackThread]:
         s.close()
 
 
-SCRIPT = "import sys, time\nfor i in range(3):\n    print('step', i, flush=True)\n    time.sleep(0.3)\nprint('é done')"
+SCRIPT = (
+    "import time\nfor i in range(3):\n    print('step', i, flush=True)\n    time.sleep(0.3)\nprint('é done')"
+)
 
 
-def test_submit_follow_logs_with_real_agents(real_stack: StackThread, capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_follow_logs_with_real_agents(
+    real_stack: StackThread, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The new user's path: submit a command, follow its log until it ends, read it again later."""
     cli = Cli(capsys, real_stack.url)
     worked_example(real_stack.client)

@@ -35,7 +35,11 @@ async def gpuquota(*argv: str) -> tuple[int, str, str]:
 async def test_submit_follow_logs_and_drain_across_processes(
     kafka_bootstrap: str, database_url: str, topics: KafkaTopics, pool: str, tmp_path: Path
 ) -> None:
-    common = {"GPUQUOTA_KAFKA": kafka_bootstrap, "GPUQUOTA_TOPIC_PREFIX": topics.prefix, "GPUQUOTA_POOL": pool}
+    common = {
+        "GPUQUOTA_KAFKA": kafka_bootstrap,
+        "GPUQUOTA_TOPIC_PREFIX": topics.prefix,
+        "GPUQUOTA_POOL": pool,
+    }
     port, logs_port = free_port(), free_port()
     database = {"GPUQUOTA_DATABASE_URL": database_url}
     services = [
@@ -70,7 +74,11 @@ async def test_submit_follow_logs_and_drain_across_processes(
     try:
         await asyncio.gather(*(service.start() for service in services))
         batch = boto3.client(
-            "batch", endpoint_url=endpoint[1], region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+            "batch",
+            endpoint_url=endpoint[1],
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="y",
         )
         await asyncio.to_thread(worked_example, batch)
         rc, out, err = await gpuquota(

@@ -59,7 +59,9 @@ def test_a_bad_flag_prints_the_subcommands_usage(capsys: pytest.CaptureFixture[s
         err = capsys.readouterr().err
         assert info.value.code == 2
         assert err.startswith(f"usage: {prog} ")
-        assert err.endswith(f"{prog}: error: unrecognized arguments: {' '.join(argv[-2:]) if argv[-1] == 'x' else argv[-1]}\n")
+        assert err.endswith(
+            f"{prog}: error: unrecognized arguments: {' '.join(argv[-2:]) if argv[-1] == 'x' else argv[-1]}\n"
+        )
 
 
 def test_global_options_before_or_after_the_subcommand() -> None:
@@ -100,7 +102,12 @@ def test_completion_completes_subcommands_and_flags() -> None:
         "_ARGCOMPLETE_STDOUT_FILENAME": "/dev/stdout",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli"], env=env, capture_output=True, text=True, check=False, timeout=60
+        [sys.executable, "-m", "gpuquota.cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["submit"]

@@ -147,7 +147,7 @@ class Api:
         return data
 
     def _signed(self, method: str, url: str) -> urllib.request.Request:
-        """A ``method`` request of ``url`` (no body) signed (SigV4) with the credentials the ``batch`` client uses."""
+        """A ``method`` request of ``url`` (no body), SigV4-signed with the ``batch`` client's keys."""
         import boto3
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest

@@ -34,7 +34,9 @@ def reference() -> str:
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
     try:
-        blocks = [f"### `{p.prog}`\n\n```text\n{p.format_help().rstrip()}\n```" for p in parsers(build_parser())]
+        blocks = [
+            f"### `{p.prog}`\n\n```text\n{p.format_help().rstrip()}\n```" for p in parsers(build_parser())
+        ]
     finally:
         if saved is None:
             del os.environ["COLUMNS"]

@@ -53,7 +53,12 @@ def _list(api: Api, args: argparse.Namespace, style: Style) -> int:
     if not nodes:
         print("No nodes.")
         return 0
-    print(render.table(["NODE", "POOL", "STATE", "SLOTS (USED/TOTAL)", "GPUS", "ATTEMPTS", "HEARTBEAT"], [_row(n, style) for n in nodes]))
+    print(
+        render.table(
+            ["NODE", "POOL", "STATE", "SLOTS (USED/TOTAL)", "GPUS", "ATTEMPTS", "HEARTBEAT"],
+            [_row(n, style) for n in nodes],
+        )
+    )
     return 0
 
 

@@ -95,7 +95,11 @@ def _payload_command(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "TrainingJobName": args.name or "gpuquota-cli",
         "AlgorithmSpecification": {"TrainingInputMode": "File", "ContainerEntrypoint": list(args.argv)},
-        "ResourceConfig": {"InstanceType": args.unit, "InstanceCount": args.instances or 1, "VolumeSizeInGB": 1},
+        "ResourceConfig": {
+            "InstanceType": args.unit,
+            "InstanceCount": args.instances or 1,
+            "VolumeSizeInGB": 1,
+        },
         "StoppingCondition": {"MaxRuntimeInSeconds": DEFAULT_MAX_RUNTIME},
     }
 

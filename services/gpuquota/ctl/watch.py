@@ -21,7 +21,10 @@ DEFAULT_INTERVAL = 2.0
 def add_watch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-w", "--watch", action="store_true", help="redraw every --interval seconds")
     parser.add_argument(
-        "--interval", type=float, default=DEFAULT_INTERVAL, help=f"with --watch: seconds (default {DEFAULT_INTERVAL:g})"
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL,
+        help=f"with --watch: seconds (default {DEFAULT_INTERVAL:g})",
     )
     parser.add_argument("--frames", type=int, default=None, help="with --watch: stop after N frames")
 

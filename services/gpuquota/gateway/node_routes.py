@@ -24,8 +24,8 @@ from aiohttp import web
 
 from gpuquota.gateway.app import Gateway, _json
 from gpuquota.gateway.errors import ClientException
-from gpuquota.nodeview import ACTIVE, ActiveAttempt
 from gpuquota.node_agent.logs import MAX_CHUNK, log_path, read_log
+from gpuquota.nodeview import ACTIVE, ActiveAttempt
 from gpuquota.wire import inputs as inp
 
 NODE_LOGS_TIMEOUT = 10.0
@@ -68,7 +68,9 @@ class HttpLogs:
                 response.raise_for_status()
                 return await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ClientException(f"cannot read the log from node {node_id} at {base}: {exc or 'timeout'}") from None
+            raise ClientException(
+                f"cannot read the log from node {node_id} at {base}: {exc or 'timeout'}"
+            ) from None
 
 
 def complete_text(data: bytes, final: bool) -> tuple[str, int]:
@@ -122,7 +124,9 @@ class NodeRoutes:
         await self._admin(request, "gpuquota:UndrainNode")
         return _json(await self._set_draining(request.match_info["node"], inp.UndrainNode))
 
-    async def _set_draining(self, node_id: str, kind: type[inp.DrainNode | inp.UndrainNode]) -> dict[str, Any]:
+    async def _set_draining(
+        self, node_id: str, kind: type[inp.DrainNode | inp.UndrainNode]
+    ) -> dict[str, Any]:
         node = self.gateway.rm.nodes.nodes.get(node_id)
         if node is None or not node.online:
             raise ClientException(f"Node {node_id} is not registered")
@@ -145,10 +149,14 @@ class NodeRoutes:
         out: dict[str, Any] = {"jobId": job.spec.job_id, "status": job.status.value, "offset": start}
         if number == 0:
             if job.terminal:
-                raise ClientException(f"Service job {job.spec.job_id} ended ({job.status.value}) before it ran")
+                raise ClientException(
+                    f"Service job {job.spec.job_id} ended ({job.status.value}) before it ran"
+                )
             return {**out, "attempt": None, "nextOffset": start, "text": "", "complete": False}
         if number > len(job.attempts):
-            raise ClientException(f"Service job {job.spec.job_id} has {len(job.attempts)} attempt(s), not {number}")
+            raise ClientException(
+                f"Service job {job.spec.job_id} has {len(job.attempts)} attempt(s), not {number}"
+            )
         view = job.attempts[number - 1]
         nodes = self.gateway.rm.nodes.nodes_of(view.attempt_id)
         ended = view.stopped_at is not None or job.terminal
