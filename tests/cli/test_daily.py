@@ -184,3 +184,40 @@ def _deadline(seconds: float) -> float:
     import time
 
     return time.monotonic() + seconds
+
+
+@pytest.mark.slow
+def test_a_drain_survives_sigkill_of_gpuquota_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpuquota up`` killed with SIGKILL after a drain: the restarted stack replays it, and its local
+    agent's new registration does not undo it."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.pipeline.services import free_port
+
+    port = free_port()
+    cli = Cli(capsys, f"http://127.0.0.1:{port}")
+    up = [sys.executable, "-m", "gpuquota.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "d")]
+    up += ["--runtime", "simulated"]
+
+    def node_state() -> str | None:
+        done = cli("nodes", "-o", "json")
+        nodes = json.loads(done.out)["nodes"] if done.rc == 0 else []
+        return str(nodes[0]["state"]) if nodes else None
+
+    for attempt in range(2):
+        proc = subprocess.Popen(
+            up, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            state = poll(node_state, deadline=_deadline(60), interval=0.2)
+            if attempt == 0:
+                assert state == "READY"
+                assert cli("nodes", "drain", "local-1").rc == 0
+                assert node_state() == "DRAINING"
+            else:
+                assert state == "DRAINING"
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
