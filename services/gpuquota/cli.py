@@ -26,9 +26,9 @@ def _version(_: argparse.Namespace) -> int:
 
 
 def _completion(args: argparse.Namespace) -> int:
-    import argcomplete
+    from argcomplete.shell_integration import shellcode
 
-    print(argcomplete.shellcode(["gpuquota"], shell=args.shell), end="")
+    print(shellcode(["gpuquota"], shell=args.shell), end="")
     return 0
 
 

@@ -118,20 +118,23 @@ class NodeRoutes:
 
     async def _drain(self, request: web.Request) -> web.Response:
         await self._admin(request, "gpuquota:DrainNode")
-        return _json(await self._set_draining(request.match_info["node"], inp.DrainNode))
+        return _json(await self._set_draining(request.match_info["node"], drain=True))
 
     async def _undrain(self, request: web.Request) -> web.Response:
         await self._admin(request, "gpuquota:UndrainNode")
-        return _json(await self._set_draining(request.match_info["node"], inp.UndrainNode))
+        return _json(await self._set_draining(request.match_info["node"], drain=False))
 
-    async def _set_draining(
-        self, node_id: str, kind: type[inp.DrainNode | inp.UndrainNode]
-    ) -> dict[str, Any]:
+    async def _set_draining(self, node_id: str, drain: bool) -> dict[str, Any]:
         node = self.gateway.rm.nodes.nodes.get(node_id)
         if node is None or not node.online:
             raise ClientException(f"Node {node_id} is not registered")
-        await self.gateway._send(self.gateway.make(kind, node_id=node_id))
-        return {"nodeId": node_id, "state": "DRAINING" if kind is inp.DrainNode else "READY"}
+        message: inp.DrainNode | inp.UndrainNode = (
+            self.gateway.make(inp.DrainNode, node_id=node_id)
+            if drain
+            else self.gateway.make(inp.UndrainNode, node_id=node_id)
+        )
+        await self.gateway._send(message)
+        return {"nodeId": node_id, "state": "DRAINING" if drain else "READY"}
 
     # ----- logs --------------------------------------------------------------------------------
 
