@@ -221,3 +221,36 @@ def test_a_drain_survives_sigkill_of_gpuquota_up(tmp_path: Path, capsys: pytest.
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+def test_watch_redraws_in_place_on_a_terminal(stack: StackThread) -> None:
+    """On a terminal the frames overwrite each other (cursor up, erase line); NO_COLOR drops colours only."""
+    import os
+    import pty
+    import subprocess
+
+    play_worked_example(stack)
+    argv = [sys.executable, "-m", "gpuquota.cli", "--endpoint", stack.url, "nodes", "-w"]
+    argv += ["--interval", "0.1", "--frames", "2"]
+    for no_color in (False, True):
+        env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm", "COLUMNS": "120"}
+        if no_color:
+            env["NO_COLOR"] = "1"
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen(argv, stdout=follower, stderr=follower, env=env)
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the follower side closed: the process exited
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(leader)
+        assert proc.wait(timeout=60) == 0, out
+        text = out.decode()
+        assert text.count("Every 0.1s: gpuquota nodes") >= 2  # rich draws the last frame again at the end
+        assert "\x1b[1A\x1b[2K" in text  # the second frame replaced the first
+        assert ("\x1b[32mREADY" in text) is not no_color
