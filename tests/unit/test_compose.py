@@ -113,3 +113,16 @@ def test_dockerfile_copies_existing_paths() -> None:
     for sources in copies:
         for source in sources:
             assert (ROOT / source).exists(), f"Dockerfile copies missing path {source}"
+
+
+def test_the_gateway_reaches_every_node_agents_log_server() -> None:
+    """``gpuquota jobs logs``: GPUQUOTA_NODE_LOGS_URL with a node id is a network alias of that agent,
+    which serves its logs on the URL's port."""
+    template = _environment(SERVICES["gateway"])["GPUQUOTA_NODE_LOGS_URL"]
+    agents = [svc for svc in GPUQUOTA_SERVICES.values() if svc["command"][-1] == "node-agent"]
+    assert agents
+    for agent in agents:
+        settings = NodeAgentSettings.from_env(_environment(agent))
+        url = urlsplit(template.format(node_id=settings.node_id))
+        assert url.hostname in agent["networks"]["default"]["aliases"]
+        assert url.port == settings.logs_port
