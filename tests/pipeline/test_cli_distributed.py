@@ -16,7 +16,7 @@ from gpuquota.adapters.kafka import KafkaTopics
 from tests.gateway.helpers import worked_example
 from tests.pipeline.services import ServiceProcess, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 50 s on a loaded machine
 
 NODE = "127.0.0.1"  # a node id that is also its host name: the URL template resolves it
 SCRIPT = "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.2)"
