@@ -49,10 +49,14 @@ class NodeTable:
         if isinstance(event, ev.JobDispatched):
             self.placements[event.attempt_id] = event.placements
         elif isinstance(event, ev.NodeRegistered):
-            old = self.nodes.get(event.node_id)
-            draining = old is not None and old.online and old.draining  # as the core decides (evolve)
             self.nodes[event.node_id] = NodeView(
-                event.node_id, event.pool, event.slots, event.occurred_at, event.occurred_at, True, draining
+                event.node_id,
+                event.pool,
+                event.slots,
+                event.occurred_at,
+                event.occurred_at,
+                True,
+                event.draining,
             )
         elif isinstance(event, ev.NodeHeartbeatRecorded | ev.NodeDraining | ev.NodeUndrained | ev.NodeLost):
             node = self.nodes.get(event.node_id)

@@ -339,9 +339,7 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
         # attempts (decide checks it), so every new slot is free (S7.1).
         for unit, free in old.free.items():
             node.free[unit] = free.copy()
-    if old is not None:
-        # An operator's drain outlives the agent's restart; a lost node that comes back starts afresh.
-        node.draining = old.online and old.draining
+    node.draining = event.draining
     state.dict_set(state.nodes, node.node_id, node)
     _contribute(state, node)
 

@@ -208,6 +208,8 @@ class NodeRegistered(Message):
     node_id: str
     pool: str
     slots: tuple[SlotOffer, ...]
+    draining: bool = False
+    """The node registers while an operator's drain holds (its agent restarted): it stays drained."""
 
 
 class NodeHeartbeatRecorded(Message):
