@@ -5,8 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-# Reinstall only when pyproject.toml changes (or the venv is gone).
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+# Reinstall only when pyproject.toml or constraints.txt changes (or the venv is gone).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # mypy needs at least one .py file per directory argument; skip empty ones.
 MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
@@ -15,7 +15,8 @@ LINT_PATHS := $(wildcard services tests benchmarks)
 .PHONY: help install native test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
 help:
-	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' (skipped when up to date)"
+	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' with the pins of"
+	@echo "                   constraints.txt (skipped when up to date)"
 	@echo "make native        compile the scheduling core with mypyc (docs/configuration.md; skipped when current)"
 	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
 	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
@@ -30,7 +31,7 @@ install: $(STAMP)
 $(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -363,6 +363,10 @@ class Harness:
         self.feed(inp.DrainNode, node_id=node_id)
         return self
 
+    def undrain(self, node_id: str) -> Harness:
+        self.feed(inp.UndrainNode, node_id=node_id)
+        return self
+
     def deregister(self, node_id: str) -> Harness:
         self.feed(inp.DeregisterNode, node_id=node_id)
         return self
@@ -521,6 +525,10 @@ class Do:
     @staticmethod
     def drain(node_id: str) -> Step:
         return Step(f"drain({node_id})", lambda h: h.drain(node_id))
+
+    @staticmethod
+    def undrain(node_id: str) -> Step:
+        return Step(f"undrain({node_id})", lambda h: h.undrain(node_id))
 
     @staticmethod
     def deregister(node_id: str) -> Step:

@@ -1,8 +1,10 @@
+# PYTHON_ARGCOMPLETE_OK
 """``gpuquota`` command line: a thin dispatcher to the service entry points.
 
-Subcommands: ``version``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and the client
-commands ``apply``, ``jobs``, ``shares``, ``explain`` (:mod:`gpuquota.ctl`). Services read their
-configuration from ``GPUQUOTA_*`` environment variables (see :mod:`gpuquota.settings`), not from flags.
+Subcommands: ``version``, ``completion``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and
+the client commands ``apply``, ``jobs``, ``shares``, ``nodes``, ``explain`` (:mod:`gpuquota.ctl`). Services
+read their configuration from ``GPUQUOTA_*`` environment variables (see :mod:`gpuquota.settings`), not from
+flags. Usage errors exit 2 (argparse's convention), failures 1; ``docs/cli.md`` embeds every ``--help``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,17 @@ NOT_IMPLEMENTED = 2
 def _version(_: argparse.Namespace) -> int:
     print(f"gpuquota {__version__}")
     return 0
+
+
+def _completion(args: argparse.Namespace) -> int:
+    from argcomplete.shell_integration import shellcode
+
+    print(shellcode(["gpuquota"], shell=args.shell), end="")
+    return 0
+
+
+def _completion_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
 
 
 def _not_implemented(args: argparse.Namespace) -> int:
@@ -130,14 +143,16 @@ def _sim_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
+    "completion": ("print the shell completion script (eval it in ~/.bashrc or ~/.zshrc)", _completion),
     "gateway": ("run the HTTP gateway (GPUQUOTA_* env vars)", _gateway),
     "scheduler": ("run the Kafka scheduler (GPUQUOTA_* env vars)", _scheduler),
     "node-agent": ("run the agent of one GPU node (flags or GPUQUOTA_* env vars)", _node_agent),
     "up": ("run a whole local deployment in one process", _up),
     "demo": ("run the worked example (S8) end to end and draw its timeline", _demo),
     "apply": ("create or update policy, environment, queue and quota shares from YAML", _client("apply")),
-    "jobs": ("list, describe, reprioritise or terminate jobs", _client("jobs")),
+    "jobs": ("submit, list, describe, reprioritise or terminate jobs; read their logs", _client("jobs")),
     "shares": ("show quota shares: limits, usage, borrowed, lent, queued", _client("shares")),
+    "nodes": ("list nodes (slots, GPUs, attempts, heartbeat); drain or undrain one", _client("nodes")),
     "explain": ("explain why a job waits or was preempted", _client("explain")),
     "simulate": ("replay a trace through the scheduler under several configurations", _sim("simulate")),
     "trace": ("generate a synthetic trace, or export one from a recorded log", _sim("trace")),
@@ -145,6 +160,7 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
 
 #: subcommand -> adds its flags to its parser
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "completion": _completion_arguments,
     "gateway": _gateway_arguments,
     "scheduler": _scheduler_arguments,
     "node-agent": _node_agent_arguments,
@@ -153,6 +169,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "apply": _client_arguments("apply"),
     "jobs": _client_arguments("jobs"),
     "shares": _client_arguments("shares"),
+    "nodes": _client_arguments("nodes"),
     "explain": _client_arguments("explain"),
     "simulate": _sim_arguments("simulate"),
     "trace": _sim_arguments("trace"),
@@ -160,18 +177,45 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpuquota.ctl.commands import add_global
+
     parser = argparse.ArgumentParser(prog="gpuquota", description="Self-hosted GPU job scheduler.")
+    parser.add_argument("--version", action="version", version=f"gpuquota {__version__}")
+    add_global(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, _) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name in ARGUMENTS:
             ARGUMENTS[name](command_parser)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Record in each (sub)command's defaults its own parser, so that a bad flag prints its usage."""
+    parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _remember_parsers(child)
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parse_args``, but unknown flags are reported by the subcommand that got them (its usage,
+    exit 2), not by the top-level parser."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.usage_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv is None:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    args = parse(parser, argv)
     _, handler = COMMANDS[args.command]
     return handler(args)
 

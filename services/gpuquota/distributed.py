@@ -30,9 +30,11 @@ from gpuquota.arns import ArnFactory
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
+from gpuquota.gateway.node_routes import HttpLogs, LocalLogs, LogReader, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, Runtime
 from gpuquota.node_agent.kafka_link import KafkaNodeLink
+from gpuquota.node_agent.logs import LogServer
 from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
 from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
@@ -61,9 +63,12 @@ class GatewayService:
         decision_timeout: float = 5.0,
         store: EventStore | None = None,
         auth: Keyring | None = None,
+        node_logs: LogReader | None = None,
     ) -> None:
         self.kafka = kafka
         self.database_url = database_url
+        self.node_logs = node_logs
+        """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
         self.topics = topics or KafkaTopics()
         self.pool = pool
         self.host = host
@@ -105,6 +110,7 @@ class GatewayService:
         )
         self.registry = gateway_registry(gateway, lambda: projector.state)
         install(gateway, self.registry, self.probes(), lambda: projector.state)
+        NodeRoutes(gateway, self.node_logs).install()
         self._runner = web.AppRunner(gateway.app(), access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
@@ -159,8 +165,10 @@ class NodeAgentService:
         topics: KafkaTopics | None = None,
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
+        logs_port: int | None = None,
     ) -> None:
         self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool)
+        self.log_server = None if logs_port is None else LogServer(work_dir, port=logs_port)
         self.agent = NodeAgent(
             node_id,
             pool,
@@ -174,6 +182,8 @@ class NodeAgentService:
         self._feed: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.log_server is not None:
+            await self.log_server.start()
         await self.link.start()  # fixes the command position before the agent registers
         await self.agent.start()
         self._feed = asyncio.create_task(self.link.run(self.agent.deliver), name=f"node-{self.link.node_id}")
@@ -184,6 +194,8 @@ class NodeAgentService:
         await cancel(self._feed)
         self._feed = None
         await self.link.stop()
+        if self.log_server is not None:
+            await self.log_server.stop()
 
 
 class DistributedStack:
@@ -218,8 +230,16 @@ class DistributedStack:
                 data_dir=data_dir,
             )
         )
+        local = LocalLogs(lambda node_id: data_dir / "nodes" / node_id)  # its agents share its disk
         self.gateway = GatewayService(
-            kafka, database_url, topics=self.topics, pool=pool, host=host, port=port, auth=auth
+            kafka,
+            database_url,
+            topics=self.topics,
+            pool=pool,
+            host=host,
+            port=port,
+            auth=auth,
+            node_logs=local,
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:
@@ -330,6 +350,7 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
             host=settings.host,
             port=settings.port,
             auth=auth,
+            node_logs=HttpLogs(settings.node_logs_url) if settings.node_logs_url else None,
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 

@@ -24,6 +24,7 @@ from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
+from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
 from gpuquota.observe.health import store_probe
@@ -126,6 +127,9 @@ class EmbeddedStack:
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
         install(gateway, self.registry, probes, lambda: shell.state)
+        work_root = (self.data_dir or Path(".gpuquota")) / "nodes"
+        local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
+        NodeRoutes(self.gateway, local).install()
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -133,7 +137,6 @@ class EmbeddedStack:
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
         runtime = make_runtime(self.runtime)
-        work_root = (self.data_dir or Path(".gpuquota")) / "nodes"
         for node_id, slots in node_slots(self.nodes):
             agent = NodeAgent(
                 node_id,

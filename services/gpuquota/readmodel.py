@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
+from gpuquota.nodeview import NodeTable
 from gpuquota.observe.metrics import EventTally
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import (
@@ -140,12 +141,15 @@ class ReadModel:
         self.last_event_at = 0
         self.tally = EventTally()
         """Counters of the applied events (Prometheus, ``gpuquota.observe.metrics``)."""
+        self.nodes = NodeTable()
+        """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
 
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
         if event.occurred_at > self.last_event_at:
             self.last_event_at = event.occurred_at
+        self.nodes.apply(event)
         name = _HANDLERS.get(event.type)
         if name is None:
             name = _HANDLERS[event.type] = f"_on_{event.type}"

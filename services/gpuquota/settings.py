@@ -17,6 +17,10 @@ GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db``          
 GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
 GPUQUOTA_AUTH_KEYS             YAML/JSON file of SigV4 keys; unset: no authentication   gateway
+GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643``;      gateway
+                               unset: ``gpuquota jobs logs`` is unavailable
+GPUQUOTA_LOGS_PORT             serve this node's attempt logs over HTTP on this port    node-agent
+                               (0 or unset: no log server)
 GPUQUOTA_TOPIC_PREFIX          prefix of every Kafka topic and group id (default none)  all
 GPUQUOTA_POOL                  GPU pool: the gateway's and node's pool; the scheduler's  all
                                pool for keyless input records (default ``default``)
@@ -144,14 +148,16 @@ class GatewaySettings(_DatabaseSettings):
     """``gpuquota gateway``: HTTP API in front of the scheduler.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
-    GPUQUOTA_AUTH_KEYS, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``auth_keys``: the keys file of
-    ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no authentication.
+    GPUQUOTA_AUTH_KEYS, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    ``auth_keys``: the keys file of ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no
+    authentication. ``node_logs_url``: where node agents serve attempt logs (``gpuquota jobs logs``).
     """
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     pool: Name = "default"
     auth_keys: Path | None = None
+    node_logs_url: str = ""
 
 
 class SchedulerSettings(_DatabaseSettings):
@@ -195,8 +201,9 @@ class NodeAgentSettings(_Settings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
     GPUQUOTA_RUNTIME, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
-    GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means ``process`` and
-    ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
+    GPUQUOTA_LOGS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means
+    ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
+    work directory.
     """
 
     node_id: Name
@@ -208,6 +215,7 @@ class NodeAgentSettings(_Settings):
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    logs_port: Annotated[int, Field(ge=0, le=65535)] = 0
 
     @property
     def runtime_kind(self) -> Literal["process", "simulated"]:

@@ -26,7 +26,8 @@ class Result:
 
 
 class Cli:
-    """Runs ``gpuquota ARGS --endpoint URL`` in this process and captures its output."""
+    """Runs ``gpuquota --endpoint URL ARGS`` in this process and captures its output (the global option
+    before the subcommand, so a command's ``-- CMD ...`` stays last)."""
 
     def __init__(self, capsys: pytest.CaptureFixture[str], endpoint: str) -> None:
         self.capsys = capsys
@@ -34,7 +35,10 @@ class Cli:
 
     def __call__(self, *argv: str, endpoint: bool = True) -> Result:
         self.capsys.readouterr()
-        rc = main([*argv, "--endpoint", self.endpoint] if endpoint else list(argv))
+        try:
+            rc = main(["--endpoint", self.endpoint, *argv] if endpoint else list(argv))
+        except SystemExit as exc:  # a usage error (argparse): exit code 2
+            rc = exc.code if isinstance(exc.code, int) else 1
         captured = self.capsys.readouterr()
         return Result(rc, captured.out, captured.err)
 

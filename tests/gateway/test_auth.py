@@ -337,3 +337,38 @@ def test_cli_signs_with_the_environments_key(
     rc, out = run("explain", job_id)
     assert rc == 1 and "not authorized" in out
     secured.client.terminate_service_job(jobId=job_id, reason="done")
+
+
+def test_cli_node_and_log_commands_are_signed_and_authorized(
+    secured: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpuquota nodes`` (and drain, a signed POST) need an administrator; ``jobs logs`` a key of the
+    job's share."""
+    from gpuquota.cli import main
+
+    job_id = submit(secured.client, "logs-job", share="QS1")
+
+    def run(key: str, secret: str, *argv: str) -> tuple[int, str]:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        capsys.readouterr()
+        rc = main(["--endpoint", secured.stack.url, *argv])
+        captured = capsys.readouterr()
+        return rc, captured.out + captured.err
+
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    assert run("ADMIN", "admin-secret", "nodes", "-o", "json")[0] == 0
+    assert run("ADMIN", "admin-secret", "nodes", "drain", "nope") == (
+        1,
+        "gpuquota nodes: Node nope is not registered\n",
+    )
+    rc, out = run("ADMIN", "admin-secret", "jobs", "logs", job_id)
+    assert rc == 1 and "has no attempt yet (status RUNNABLE)" in out
+    for argv, action in (
+        (("nodes",), "gpuquota:ListNodes"),
+        (("nodes", "undrain", "nope"), "gpuquota:UndrainNode"),
+        (("jobs", "logs", job_id), "gpuquota:GetJobLogs"),
+    ):
+        rc, out = run("TEAM2", "team2-secret", *argv)
+        assert rc == 1 and f"not authorized to perform: {action}" in out, out
+    secured.client.terminate_service_job(jobId=job_id, reason="done")

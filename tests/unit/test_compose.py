@@ -183,3 +183,16 @@ def test_the_lock_pins_every_runtime_dependency() -> None:
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not in {LOCK.name}"
         assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} does not satisfy {raw}"
+
+
+def test_the_gateway_reaches_every_node_agents_log_server() -> None:
+    """``gpuquota jobs logs``: GPUQUOTA_NODE_LOGS_URL with a node id is a network alias of that agent,
+    which serves its logs on the URL's port."""
+    template = _environment(SERVICES["gateway"])["GPUQUOTA_NODE_LOGS_URL"]
+    agents = [svc for svc in GPUQUOTA_SERVICES.values() if svc["command"][-1] == "node-agent"]
+    assert agents
+    for agent in agents:
+        settings = NodeAgentSettings.from_env(_environment(agent))
+        url = urlsplit(template.format(node_id=settings.node_id))
+        assert url.hostname in agent["networks"]["default"]["aliases"]
+        assert url.port == settings.logs_port

@@ -30,6 +30,7 @@ def test_env_var_lists() -> None:
         "GPUQUOTA_PORT",
         "GPUQUOTA_POOL",
         "GPUQUOTA_AUTH_KEYS",
+        "GPUQUOTA_NODE_LOGS_URL",
         "GPUQUOTA_TOPIC_PREFIX",
         "GPUQUOTA_LOG_FORMAT",
         "GPUQUOTA_STARTUP_TIMEOUT",

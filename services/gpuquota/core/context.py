@@ -32,6 +32,7 @@ _TOUCH_KIND: dict[type[Any], str] = {
     ev.QuotaShareChanged: _CONFIGURATION,
     ev.NodeRegistered: _NEW_NODE,
     ev.NodeDraining: _OLD_NODE,
+    ev.NodeUndrained: _OLD_NODE,
     ev.NodeLost: _OLD_NODE,
     ev.PreemptionHoldReleased: _HOLD,
     ev.JobAccepted: _NEW_JOB,
@@ -136,7 +137,7 @@ class Context:
         elif kind == _NEW_NODE:
             dirty.update(slot.unit for slot in cast(ev.NodeRegistered, event).slots)
         elif kind == _OLD_NODE:
-            node_id = cast(ev.NodeDraining | ev.NodeLost, event).node_id
+            node_id = cast(ev.NodeDraining | ev.NodeUndrained | ev.NodeLost, event).node_id
             dirty.update(slot.unit for slot in state.nodes[node_id].slots)
         elif kind == _HOLD:
             dirty.add(state.holds[cast(ev.PreemptionHoldReleased, event).job_id].unit)

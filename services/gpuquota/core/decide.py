@@ -483,7 +483,9 @@ def _register(ctx: Context, m: inp.RegisterNode) -> bool:
         return reject(ctx, m, f"Node {m.node_id} re-registered with different slots while it runs attempts")
     if old is not None and not old.online:
         pass  # a lost node coming back: its old attempts were requeued; the agent fences them
-    ctx.emit(ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots)
+    # An operator's drain outlives the agent's restart; a lost node that comes back starts afresh.
+    draining = old is not None and old.online and old.draining
+    ctx.emit(ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots, draining=draining)
     return True
 
 
@@ -524,6 +526,16 @@ def _drain(ctx: Context, m: inp.DrainNode) -> bool:
         return reject(ctx, m, f"Node {m.node_id} is not registered")
     if not node.draining:
         ctx.emit(ev.NodeDraining, node_id=m.node_id)
+    return True
+
+
+@_handles(inp.UndrainNode)
+def _undrain(ctx: Context, m: inp.UndrainNode) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    if node.draining:
+        ctx.emit(ev.NodeUndrained, node_id=m.node_id)
     return True
 
 

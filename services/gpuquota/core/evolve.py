@@ -339,7 +339,15 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
         # attempts (decide checks it), so every new slot is free (S7.1).
         for unit, free in old.free.items():
             node.free[unit] = free.copy()
+    node.draining = event.draining
     state.dict_set(state.nodes, node.node_id, node)
+    _contribute(state, node)
+
+
+def _contribute(state: ClusterState, node: NodeRecord) -> None:
+    """Add a usable node's slots to the pool counters (it registers or is undrained)."""
+    if not node.usable:
+        return
     slots = state.child(state.pool_slots, node.pool, dict)
     free_counts = state.child(state.pool_free, node.pool, dict)
     for unit, count in _count_slots(node).items():
@@ -358,6 +366,13 @@ def _draining(state: ClusterState, event: ev.NodeDraining) -> None:
     node = state.nodes[event.node_id]
     _withdraw(state, node)
     node.put("draining", True)
+
+
+@_handles(ev.NodeUndrained)
+def _undrained(state: ClusterState, event: ev.NodeUndrained) -> None:
+    node = state.nodes[event.node_id]
+    node.put("draining", False)
+    _contribute(state, node)
 
 
 @_handles(ev.NodeLost)

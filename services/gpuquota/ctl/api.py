@@ -125,10 +125,14 @@ class Api:
 
     def get(self, path: str, **query: str | None) -> dict[str, Any]:
         """``GET`` one of gpuquota's own read endpoints (``/gpuquota/v1/...``) as JSON."""
+        return self.request("GET", path, **query)
+
+    def request(self, method: str, path: str, **query: str | None) -> dict[str, Any]:
+        """``method`` (without a body) on one of gpuquota's own endpoints, answered as JSON."""
         params = {k: v for k, v in query.items() if v is not None}
         url = self.endpoint + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
         try:
-            with urllib.request.urlopen(self._signed_get(url), timeout=self.timeout) as response:
+            with urllib.request.urlopen(self._signed(method, url), timeout=self.timeout) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             raise CliError(_error_message(exc)) from None
@@ -142,8 +146,8 @@ class Api:
             raise CliError(f"{url} did not answer a JSON object")
         return data
 
-    def _signed_get(self, url: str) -> urllib.request.Request:
-        """A ``GET`` of ``url`` signed (SigV4) with the credentials the ``batch`` client uses."""
+    def _signed(self, method: str, url: str) -> urllib.request.Request:
+        """A ``method`` request of ``url`` (no body), SigV4-signed with the ``batch`` client's keys."""
         import boto3
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
@@ -151,9 +155,9 @@ class Api:
 
         credentials = boto3.Session().get_credentials() if _configured_credentials() else None
         signer = SigV4Auth(credentials or Credentials("gpuquota", "gpuquota"), "batch", REGION)
-        request = AWSRequest(method="GET", url=url)
+        request = AWSRequest(method=method, url=url)
         signer.add_auth(request)
-        return urllib.request.Request(url, headers=dict(request.headers.items()), method="GET")
+        return urllib.request.Request(url, headers=dict(request.headers.items()), method=method)
 
     def shares(self, queue: str | None = None) -> list[dict[str, Any]]:
         rows = self.get("/gpuquota/v1/shares", queue=queue)["quotaShares"]
@@ -161,6 +165,17 @@ class Api:
 
     def explain(self, job: str) -> dict[str, Any]:
         return self.get(f"/gpuquota/v1/jobs/{urllib.parse.quote(job, safe='')}/explain")
+
+    def logs(self, job: str, attempt: int | None, offset: int) -> dict[str, Any]:
+        path = f"/gpuquota/v1/jobs/{urllib.parse.quote(job, safe='')}/logs"
+        return self.get(path, attempt=None if attempt is None else str(attempt), offset=str(offset))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self.get("/gpuquota/v1/nodes")["nodes"])
+
+    def set_draining(self, node: str, draining: bool) -> dict[str, Any]:
+        action = "drain" if draining else "undrain"
+        return self.request("POST", f"/gpuquota/v1/nodes/{urllib.parse.quote(node, safe='')}/{action}")
 
     def close(self) -> None:
         if self._batch is not None:

@@ -3,7 +3,8 @@
 Each command talks to a running gateway (``--endpoint``, default ``$GPUQUOTA_ENDPOINT`` or
 http://127.0.0.1:8642): the AWS Batch API through boto3, plus gpuquota's own read endpoints for
 what AWS has no call for (``/gpuquota/v1/shares``, ``/gpuquota/v1/jobs/{id}/explain``). Tables by
-default, ``--output json`` for scripts. Failures print one line to stderr and exit 1.
+default, ``--output json`` for scripts. Failures print one line to stderr and exit 1; usage errors
+(argparse) exit 2.
 """
 
 from __future__ import annotations
@@ -16,20 +17,31 @@ from typing import Any
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError, default_endpoint
+from gpuquota.ctl.nodes import configure_nodes as configure_nodes  # re-exported: `gpuquota nodes`
+from gpuquota.ctl.nodes import nodes_command as nodes_command
 from gpuquota.ctl.render import Style
+from gpuquota.ctl.submit import configure_logs, configure_submit, logs_command, submit_command
+from gpuquota.ctl.watch import add_watch
 
 JOB_STATUSES = ("SUBMITTED", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 DEFAULT_TERMINATE_REASON = "Terminated by gpuquota jobs terminate"
 
 
+ENDPOINT_HELP = "gateway URL (default $GPUQUOTA_ENDPOINT or http://127.0.0.1:8642)"
+OUTPUT_HELP = "output format (default table)"
+
+
+def add_global(parser: argparse.ArgumentParser) -> None:
+    """``--endpoint`` and ``--output`` on the top-level parser: ``gpuquota -o json shares`` works."""
+    parser.add_argument("--endpoint", default=None, help=ENDPOINT_HELP)
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help=OUTPUT_HELP)
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
+    """The same options after the subcommand; ``SUPPRESS`` keeps a value given before it."""
+    parser.add_argument("--endpoint", default=argparse.SUPPRESS, help=ENDPOINT_HELP)
     parser.add_argument(
-        "--endpoint",
-        default=None,
-        help="gateway URL (default $GPUQUOTA_ENDPOINT or http://127.0.0.1:8642)",
-    )
-    parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="output format (default table)"
+        "-o", "--output", choices=("table", "json"), default=argparse.SUPPRESS, help=OUTPUT_HELP
     )
 
 
@@ -38,7 +50,13 @@ def run(command: Callable[[Api, argparse.Namespace, Style], int], args: argparse
     api: Api | None = None
     try:
         api = Api(args.endpoint or default_endpoint())
-        return command(api, args, Style.for_stream(sys.stdout))
+        style = Style.for_stream(sys.stdout)
+        if getattr(args, "watch", False):
+            from gpuquota.ctl.watch import loop
+
+            client = api
+            return loop(lambda: command(client, args, style), args)
+        return command(api, args, style)
     except CliError as exc:
         name = " ".join(filter(None, (args.command, getattr(args, "jobs_command", None))))
         print(f"gpuquota {name}: {exc}", file=sys.stderr)
@@ -112,7 +130,12 @@ def configure_jobs(parser: argparse.ArgumentParser) -> None:
     terminate = sub.add_parser("terminate", help="terminate a job")
     terminate.add_argument("job", metavar="JOB", help="job id or ARN")
     terminate.add_argument("--reason", default=DEFAULT_TERMINATE_REASON, help="the job's statusReason")
-    for p in (listing, describe, update, terminate):
+    submit = sub.add_parser("submit", help="submit a job: a payload file (-f) or a command (-- CMD ...)")
+    configure_submit(submit)
+    logs = sub.add_parser("logs", help="print an attempt's log (the latest unless --attempt)")
+    configure_logs(logs)
+    add_watch(listing)
+    for p in (listing, describe, update, terminate, submit, logs):
         add_common(p)
 
 
@@ -122,6 +145,8 @@ def jobs_command(api: Api, args: argparse.Namespace, style: Style) -> int:
         "describe": _jobs_describe,
         "update-priority": _jobs_update_priority,
         "terminate": _jobs_terminate,
+        "submit": submit_command,
+        "logs": logs_command,
     }
     return handlers[args.jobs_command](api, args, style)
 
@@ -248,6 +273,7 @@ def _jobs_terminate(api: Api, args: argparse.Namespace, style: Style) -> int:
 
 def configure_shares(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", help="only this job queue")
+    add_watch(parser)
     add_common(parser)
 
 

@@ -432,7 +432,8 @@ def _now_ms() -> int:
 
 def configure_demo(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--endpoint", default=None, help="drive a running stack at URL (default: start an embedded one)")
+    endpoint_help = "drive a running stack at URL (default: start an embedded one)"
+    add("--endpoint", default=argparse.SUPPRESS, help=endpoint_help)  # kept if given before `demo`
     add(
         "--output-dir",
         default=DEFAULT_OUTPUT_DIR,

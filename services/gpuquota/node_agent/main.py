@@ -32,6 +32,7 @@ _FLAGS = {
     "work_dir": "data_dir",
     "heartbeat_seconds": "heartbeat_seconds",
     "preemption_grace": "preemption_grace",
+    "logs_port": "logs_port",
     "log_level": "log_level",
     "metrics_port": "metrics_port",
 }
@@ -48,6 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--work-dir", help="logs, checkpoints and state.json (GPUQUOTA_DATA_DIR, default .gpuquota)")
     add("--heartbeat-seconds", help="heartbeat period (GPUQUOTA_HEARTBEAT_SECONDS, default 5)")
     add("--preemption-grace", help="seconds from SIGTERM to SIGKILL (GPUQUOTA_PREEMPTION_GRACE, default 30)")
+    add("--logs-port", help="serve attempt logs to the gateway on this port (GPUQUOTA_LOGS_PORT, 0: off)")
     add("--log-level", help="DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)")
     add("--metrics-port", help="serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)")
     add("--check", action="store_true", help="validate the configuration, print the node as JSON, exit")
@@ -118,6 +120,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
             topics=KafkaTopics(settings.topic_prefix),
             heartbeat_seconds=settings.heartbeat_seconds,
             preemption_grace=settings.preemption_grace,
+            logs_port=settings.logs_port or None,
         )
         port = settings.metrics_port
         ops = None if port is None else agent_ops(service, settings.kafka, port)

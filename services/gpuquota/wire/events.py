@@ -209,6 +209,8 @@ class NodeRegistered(Message):
     node_id: str
     pool: str
     slots: tuple[SlotOffer, ...]
+    draining: bool = False
+    """The node registers while an operator's drain holds (its agent restarted): it stays drained."""
 
 
 class NodeHeartbeatRecorded(Message):
@@ -218,6 +220,13 @@ class NodeHeartbeatRecorded(Message):
 
 class NodeDraining(Message):
     type: Literal["NodeDraining"] = "NodeDraining"
+    node_id: str
+
+
+class NodeUndrained(Message):
+    """A draining node is back in service: its slots count again and it gets new dispatches."""
+
+    type: Literal["NodeUndrained"] = "NodeUndrained"
     node_id: str
 
 
@@ -250,6 +259,7 @@ SchedulerEvent = Annotated[
     | NodeRegistered
     | NodeHeartbeatRecorded
     | NodeDraining
+    | NodeUndrained
     | NodeLost,
     Field(discriminator="type"),
 ]

@@ -120,6 +120,13 @@ class DrainNode(Message):
     node_id: str
 
 
+class UndrainNode(Message):
+    """An operator puts a drained node back in service (``gpuquota nodes undrain``)."""
+
+    type: Literal["UndrainNode"] = "UndrainNode"
+    node_id: str
+
+
 class DeregisterNode(Message):
     type: Literal["DeregisterNode"] = "DeregisterNode"
     node_id: str
@@ -165,6 +172,7 @@ SchedulerInput = Annotated[
     | RegisterNode
     | NodeHeartbeat
     | DrainNode
+    | UndrainNode
     | DeregisterNode
     | AttemptReport
     | Tick,

@@ -579,6 +579,8 @@ CASES: dict[str, Case] = {
         Round([do.succeed("a1")], want_status={"a2": SCHEDULED},
               want=[expect.placement("a2", ("node-1", (0,), (0,)))]),
         Round([do.submit(job("a3").needs(2))], want_status={"a3": RUNNABLE}),
+        Round([do.undrain("node-0")], want_status={"a3": SCHEDULED},
+              want=[expect.placement("a3", ("node-1", (1,), (1,)), ("node-0", (0,), (0,)))]),
     ]),
     "time_limit_fails_runnable_head": Case("S5.8", pool(1, lend("QS1"), time_limit=60), [
         Round([do.submit(job("a1")), do.running("a1"), do.submit(job("a2"), job("a3")),

@@ -1,0 +1,120 @@
+"""The nodes as the API shows them (``gpuquota nodes``), projected from the scheduler's events.
+
+Part of the read model (``ReadModel.nodes``): registrations, recorded heartbeats, drains and losses,
+and where each attempt was placed (``JobDispatched``), which ``gpuquota jobs logs`` needs to find an
+attempt's log. Heartbeats are recorded in the log at most every quarter of the heartbeat timeout, so
+``heartbeatAgeSeconds`` can exceed the real age by that much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuquota.wire import events as ev
+from gpuquota.wire.base import JobStatus, Placement, SlotOffer
+
+ACTIVE = (JobStatus.SCHEDULED, JobStatus.STARTING, JobStatus.RUNNING)
+
+
+ActiveAttempt = tuple[str, str, JobStatus, str]
+"""(job id, job name, status, attempt id) of a job that holds slots."""
+
+
+@dataclass(slots=True)
+class NodeView:
+    node_id: str
+    pool: str
+    slots: tuple[SlotOffer, ...]
+    registered_at: int
+    last_heartbeat: int
+    online: bool = True
+    draining: bool = False
+
+    @property
+    def state(self) -> str:
+        if not self.online:
+            return "LOST"
+        return "DRAINING" if self.draining else "READY"
+
+
+class NodeTable:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeView] = {}
+        self.placements: dict[str, tuple[Placement, ...]] = {}
+        """Attempt id -> the slots it was given, per node."""
+
+    def apply(self, event: ev.SchedulerEvent) -> None:
+        if isinstance(event, ev.JobDispatched):
+            self.placements[event.attempt_id] = event.placements
+        elif isinstance(event, ev.NodeRegistered):
+            self.nodes[event.node_id] = NodeView(
+                event.node_id,
+                event.pool,
+                event.slots,
+                event.occurred_at,
+                event.occurred_at,
+                True,
+                event.draining,
+            )
+        elif isinstance(event, ev.NodeHeartbeatRecorded | ev.NodeDraining | ev.NodeUndrained | ev.NodeLost):
+            node = self.nodes.get(event.node_id)
+            if node is None:
+                return
+            if isinstance(event, ev.NodeHeartbeatRecorded):
+                node.last_heartbeat = event.occurred_at
+            elif isinstance(event, ev.NodeLost):
+                node.online = False
+            else:
+                node.draining = isinstance(event, ev.NodeDraining)
+
+    def nodes_of(self, attempt_id: str) -> tuple[str, ...]:
+        """The nodes an attempt ran on (the first holds its log)."""
+        return tuple(p.node_id for p in self.placements.get(attempt_id, ()))
+
+    def describe(self, active: Iterable[ActiveAttempt], now: int) -> list[dict[str, Any]]:
+        """Every node, by id: state, slots per unit (total, used), GPUs, attempts, heartbeat age."""
+        attempts: dict[str, list[dict[str, Any]]] = {}
+        used: dict[str, dict[str, int]] = {}
+        for job_id, job_name, status, attempt_id in active:
+            for placement in self.placements.get(attempt_id, ()):
+                attempts.setdefault(placement.node_id, []).append(
+                    {
+                        "jobId": job_id,
+                        "jobName": job_name,
+                        "attemptId": attempt_id,
+                        "status": status.value,
+                        "slots": list(placement.slots),
+                        "gpus": list(placement.gpus),
+                    }
+                )
+                node = self.nodes.get(placement.node_id)
+                if node is not None and placement.slots:
+                    unit = node.slots[placement.slots[0]].unit
+                    counts = used.setdefault(placement.node_id, {})
+                    counts[unit] = counts.get(unit, 0) + len(placement.slots)
+        return [
+            self._row(node, attempts.get(node_id, []), used.get(node_id, {}), now)
+            for node_id, node in sorted(self.nodes.items())
+        ]
+
+    @staticmethod
+    def _row(
+        node: NodeView, attempts: list[dict[str, Any]], used: dict[str, int], now: int
+    ) -> dict[str, Any]:
+        slots: dict[str, int] = {}
+        for slot in node.slots:
+            slots[slot.unit] = slots.get(slot.unit, 0) + 1
+        return {
+            "nodeId": node.node_id,
+            "pool": node.pool,
+            "state": node.state,
+            "slots": slots,
+            "usedSlots": used,
+            "gpus": sum(len(slot.gpus) for slot in node.slots),
+            "attempts": sorted(attempts, key=lambda a: (a["jobName"], a["jobId"])),
+            "registeredAt": node.registered_at,
+            "lastHeartbeatAt": node.last_heartbeat,
+            "heartbeatAgeSeconds": round(max(0, now - node.last_heartbeat) / 1000, 1),
+        }
