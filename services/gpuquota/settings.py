@@ -188,7 +188,7 @@ class NodeAgentSettings(_Settings):
     """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
-    GPUQUOTA_RUNTIME, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
+    GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
     GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means ``process`` and
     ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
     """
@@ -197,13 +197,16 @@ class NodeAgentSettings(_Settings):
     pool: Name = "default"
     gpus: Annotated[int, Field(ge=1, le=1024)] = 1
     slots: str = ""
-    runtime: Literal["process", "simulated", "subprocess", "fake"] = "subprocess"
+    runtime: Literal["process", "simulated", "subprocess", "fake", "container"] = "subprocess"
+    container_engine: Literal["podman", "docker"] | None = None
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
 
     @property
-    def runtime_kind(self) -> Literal["process", "simulated"]:
+    def runtime_kind(self) -> Literal["process", "simulated", "container"]:
+        if self.runtime == "container":
+            return "container"
         return "simulated" if self.runtime in ("simulated", "fake") else "process"
 
     @property
