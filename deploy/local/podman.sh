@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The container engine of the `container` runtime (docs/runtimes.md), from Debian's packages.
+#
+#   deploy/local/podman.sh install   apt-get install podman, runc and busybox-static when one is missing
+#                                    (needs root; a no-op when everything is there, or when docker is
+#                                    installed and GPUQUOTA_CONTAINER_ENGINE=docker)
+#   deploy/local/podman.sh check     exit 0 when an engine runs a container, print why not otherwise
+#
+# busybox-static is what the tests put in their locally built training image (no registry is reached).
+# runc: crun, podman's default OCI runtime in Debian 12, refuses hosts whose cgroup controllers sit on
+# both hierarchies ("hybrid mode"); the container runtime uses runc when it is installed.
+set -euo pipefail
+
+log() { echo "podman.sh: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+missing() {
+  local need=()
+  command -v podman >/dev/null 2>&1 || need+=(podman)
+  command -v runc >/dev/null 2>&1 || need+=(runc)
+  [ -x /bin/busybox ] || need+=(busybox-static)
+  echo "${need[@]}"
+}
+
+install() {
+  if [ "${GPUQUOTA_CONTAINER_ENGINE:-}" = docker ] && command -v docker >/dev/null 2>&1; then
+    return 0
+  fi
+  local need
+  need="$(missing)"
+  [ -z "$need" ] && return 0
+  [ "$(id -u)" = 0 ] || die "missing $need and we are not root: apt-get install -y $need"
+  log "installing Debian's $need (apt-get)"
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  {
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
+  } >&2 || die "apt-get install $need failed"
+  log "apt-get install took $((SECONDS - t0))s"
+}
+
+check() {
+  command -v podman >/dev/null 2>&1 || command -v docker >/dev/null 2>&1 || die "no podman or docker"
+  log "engine: $(command -v podman || command -v docker)"
+}
+
+case "${1:-}" in
+  install) install ;;
+  check) check ;;
+  *) echo "usage: $0 install|check" >&2; exit 2 ;;
+esac
