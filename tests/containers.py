@@ -30,6 +30,7 @@ C=${SM_CHECKPOINT_DIR:-/opt/ml/checkpoints}
 step=0
 [ -f "$C/step" ] && step=$(cat "$C/step")
 echo "$step" > "$M/resumed_from"
+echo "$SM_CURRENT_HOST" >> "$C/starts"
 echo "$@" > "$M/argv"
 cp /opt/ml/input/config/hyperparameters.json "$M/hyperparameters.json"
 cp /opt/ml/input/config/resourceconfig.json "$M/resourceconfig.json"

@@ -4,6 +4,9 @@ boto3 and the SageMaker Python SDK submit, the image runs, a reclaim preempts an
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ import pytest
 
 from gpuquota.node_agent.container import ContainerEngine
 from tests.containers import build_trainer_image, find_engine, remove_job_containers
-from tests.gateway.conftest import StackThread, wait_for
+from tests.gateway.conftest import StackThread, batch_client, wait_for
 from tests.gateway.helpers import G5, status, submit, worked_example
 from tests.gateway.test_sagemaker_sdk import use_gateway
 
@@ -141,3 +144,64 @@ def test_sagemaker_sdk_model_trainer_job_runs_its_image(
     model = model_dirs(tmp_path, job_id)[1]
     assert (model / "done").read_text().strip() == "2"
     assert json.loads((model / "hyperparameters.json").read_text())["steps"] == "2"
+
+
+def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], Any]:
+    """``gpuquota up --runtime container`` in its own process; returns it and a boto3 client."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL")}
+    env["GPUQUOTA_PORT"] = "0"
+    argv = ["up", "--data-dir", str(data_dir), "--runtime", "container", "--nodes", f"{G5}=3"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuquota.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("gpuquota ready on "), line
+    return proc, batch_client(line.rsplit(" ", 1)[1])
+
+
+def test_gpuquota_up_killed_and_restarted_adopts_its_running_container(
+    engine: ContainerEngine, image: str, tmp_path: Path
+) -> None:
+    procs: list[subprocess.Popen[str]] = []
+    job = ""
+    try:
+        proc, batch = start_up(tmp_path)
+        procs.append(proc)
+        worked_example(batch)
+        job = submit(batch, "survivor", serviceRequestPayload=sagemaker_payload(image, {"steps": "40", "sleep": "0.1"}))
+        step = tmp_path / "nodes" / "local-1" / "checkpoints" / job / "step"
+        wait_for(lambda: step.exists() and int(step.read_text() or 0) >= 2, TIMEOUT)
+        proc.kill()  # SIGKILL: no clean-up of any kind
+        proc.wait(30)
+        assert len(set(engine_names(engine, job))) == 1, "the container outlives its agent"
+
+        proc, batch = start_up(tmp_path)
+        procs.append(proc)
+        wait_for(lambda: status(batch, job) in ("SUCCEEDED", "FAILED"), TIMEOUT)
+        described = batch.describe_service_job(jobId=job)
+        assert described["status"] == "SUCCEEDED", described.get("statusReason")
+        assert len(described["attempts"]) == 1
+        assert (step.parent / "starts").read_text().split() == ["algo-1"], "nothing ran twice"
+        wait_for(lambda: not engine_names(engine, job), TIMEOUT)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if job:
+            remove_job_containers(engine, job)
+
+
+def engine_names(engine: ContainerEngine, job_id: str) -> list[str]:
+    listed = subprocess.run(
+        engine.argv("ps", "--all", "--format", "{{.Names}}", "--filter", f"label=gpuquota.job_id={job_id}"),
+        capture_output=True,
+        text=True,
+    )
+    return listed.stdout.split()
