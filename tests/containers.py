@@ -45,7 +45,8 @@ on_term() {
   exit 143
 }
 trap on_term TERM
-if [ -n "${SM_HP_FAIL:-}" ] && [ -z "${SM_HP_FAIL_HOST:-}" -o "${SM_HP_FAIL_HOST:-}" = "$SM_CURRENT_HOST" ]; then
+fail_here=${SM_HP_FAIL_HOST:-$SM_CURRENT_HOST}
+if [ -n "${SM_HP_FAIL:-}" ] && [ "$fail_here" = "$SM_CURRENT_HOST" ]; then
   echo "$SM_HP_FAIL" > /opt/ml/output/failure
   exit 3
 fi

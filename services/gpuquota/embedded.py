@@ -198,7 +198,13 @@ def run_up(args: argparse.Namespace) -> int:
             return 2
         return _run_distributed(args, kafka, database_url, port, auth)
     stack = EmbeddedStack(
-        args.data_dir, args.host, port, args.nodes, args.runtime, auth=auth, container_engine=args.container_engine
+        args.data_dir,
+        args.host,
+        port,
+        args.nodes,
+        args.runtime,
+        auth=auth,
+        container_engine=args.container_engine,
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:

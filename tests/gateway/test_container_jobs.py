@@ -83,7 +83,9 @@ def test_boto3_sagemaker_job_succeeds_and_a_failure_file_is_the_reason(
         CheckpointConfig={"S3Uri": "s3://bucket/ckpt"},
     )
     ok = submit(stack.client, "ok", serviceRequestPayload=body)
-    bad = submit(stack.client, "bad", serviceRequestPayload=sagemaker_payload(image, {"fail": "Bad label in row 7"}))
+    bad = submit(
+        stack.client, "bad", serviceRequestPayload=sagemaker_payload(image, {"fail": "Bad label in row 7"})
+    )
     wait_for(lambda: status(stack.client, ok) in ("SUCCEEDED", "FAILED"), TIMEOUT)
     described = stack.client.describe_service_job(jobId=ok)
     assert described["status"] == "SUCCEEDED", described.get("statusReason")
@@ -96,7 +98,9 @@ def test_boto3_sagemaker_job_succeeds_and_a_failure_file_is_the_reason(
     assert stack.client.describe_service_job(jobId=bad)["statusReason"] == "Bad label in row 7"
 
 
-def test_reclaim_preempts_a_container_which_checkpoints_and_resumes(stack: StackThread, image: str, tmp_path: Path) -> None:
+def test_reclaim_preempts_a_container_which_checkpoints_and_resumes(
+    stack: StackThread, image: str, tmp_path: Path
+) -> None:
     batch = stack.client
     long = sagemaker_payload(image, {"steps": "60", "sleep": "0.1"})
     first = submit(batch, "first", priority=2, serviceRequestPayload=long)
@@ -105,7 +109,9 @@ def test_reclaim_preempts_a_container_which_checkpoints_and_resumes(stack: Stack
     step = tmp_path / "nodes" / "local-1" / "checkpoints" / borrower / "step"
     wait_for(lambda: step.exists() and int(step.read_text() or 0) >= 3, TIMEOUT)
 
-    owner = submit(batch, "owner", share="QS2", serviceRequestPayload=sagemaker_payload(image, {"steps": "2"}))
+    owner = submit(
+        batch, "owner", share="QS2", serviceRequestPayload=sagemaker_payload(image, {"steps": "2"})
+    )
     wait_for(lambda: status(batch, owner) == "SUCCEEDED", TIMEOUT)  # QS2 reclaimed its instance
     wait_for(lambda: status(batch, borrower) == "SUCCEEDED", TIMEOUT)
     attempts = batch.describe_service_job(jobId=borrower)["attempts"]
@@ -117,7 +123,9 @@ def test_reclaim_preempts_a_container_which_checkpoints_and_resumes(stack: Stack
 
     # the preempted container was gone before the owner's attempt started on the slot
     trace = stack.stack.agents["local-1"].trace
-    gone = max(t for t, _, what in trace if what.startswith("container gpuquota-local-1-") and borrower in what)
+    gone = max(
+        t for t, _, what in trace if what.startswith("container gpuquota-local-1-") and borrower in what
+    )
     started = min(t for t, aid, what in trace if what == "report STARTING" and owner in aid)
     assert gone <= started
 
@@ -173,7 +181,9 @@ def test_gpuquota_up_killed_and_restarted_adopts_its_running_container(
         proc, batch = start_up(tmp_path)
         procs.append(proc)
         worked_example(batch)
-        job = submit(batch, "survivor", serviceRequestPayload=sagemaker_payload(image, {"steps": "40", "sleep": "0.1"}))
+        job = submit(
+            batch, "survivor", serviceRequestPayload=sagemaker_payload(image, {"steps": "40", "sleep": "0.1"})
+        )
         step = tmp_path / "nodes" / "local-1" / "checkpoints" / job / "step"
         wait_for(lambda: step.exists() and int(step.read_text() or 0) >= 2, TIMEOUT)
         proc.kill()  # SIGKILL: no clean-up of any kind

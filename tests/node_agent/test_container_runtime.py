@@ -39,7 +39,9 @@ def job_ids(engine: ContainerEngine) -> Iterator[list[str]]:
         remove_job_containers(engine, job_id)
 
 
-def container_agent(make_agent: AgentFactory, sched: Scheduler, engine: ContainerEngine, **kw: Any) -> NodeAgent:
+def container_agent(
+    make_agent: AgentFactory, sched: Scheduler, engine: ContainerEngine, **kw: Any
+) -> NodeAgent:
     """An agent with the container runtime on slots without GPUs (no NVML here: no GPU flag)."""
     agent = make_agent(sched, runtime=ContainerRuntime(engine), **kw)
     agent.slots = parse_slots(kw.get("slots", "ml.g5.xlarge=2"), with_gpus=False)
@@ -95,7 +97,10 @@ async def test_sagemaker_contract_hyperparameters_channel_checkpoint_and_model(
         {"steps": "2", "sleep": "0.05", "learning-rate": "0.1"},
         Environment={"MY_VAR": "x"},
         InputDataConfig=[
-            {"ChannelName": "train", "DataSource": {"S3DataSource": {"S3Uri": f"file://{data}", "S3DataType": "S3Prefix"}}}
+            {
+                "ChannelName": "train",
+                "DataSource": {"S3DataSource": {"S3Uri": f"file://{data}", "S3DataType": "S3Prefix"}},
+            }
         ],
         CheckpointConfig={"S3Uri": "s3://bucket/ckpt", "LocalPath": "/opt/ml/my-checkpoints"},
     )
@@ -181,7 +186,9 @@ async def test_preemption_sigterm_checkpoint_gone_then_the_next_attempt_resumes(
     saved = int(step_file.read_text())
     assert saved >= 3
 
-    await agent.deliver(run_cmd(payload(image, {"steps": str(saved + 2), "sleep": "0.01"}), job_id=job, attempt_number=2))
+    await agent.deliver(
+        run_cmd(payload(image, {"steps": str(saved + 2), "sleep": "0.01"}), job_id=job, attempt_number=2)
+    )
     report = await wait_final(sched, f"{job}-a2", TIMEOUT)
     assert report.status == "SUCCEEDED", report.status_reason
     assert int((model_dir(agent.work_dir, f"{job}-a2") / "resumed_from").read_text()) == saved
@@ -200,7 +207,9 @@ async def test_restarted_agent_adopts_a_running_container_and_records_a_finished
     for job in (running, finishing):
         await wait_until(lambda job=job: "RUNNING" in sched1.statuses(f"{job}-a1"), TIMEOUT, "RUNNING")
     await agent1.stop()  # the agent dies; its containers run on
-    await wait_until(lambda: (model_dir(work, f"{finishing}-a1") / "done").exists(), TIMEOUT, "the short job to end")
+    await wait_until(
+        lambda: (model_dir(work, f"{finishing}-a1") / "done").exists(), TIMEOUT, "the short job to end"
+    )
     assert containers(engine, running) and containers(engine, finishing)
 
     sched2 = Scheduler()

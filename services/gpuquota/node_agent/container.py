@@ -308,7 +308,9 @@ class ContainerRuntime:
         rc, _, err = await self.engine.call(*args, image, *command)
         if rc != 0:
             lines = [line for line in err.strip().splitlines() if line.strip()]
-            raise LaunchError(f"Cannot start image {image}: {lines[-1] if lines else f'{self.engine.name} failed'}")
+            raise LaunchError(
+                f"Cannot start image {image}: {lines[-1] if lines else f'{self.engine.name} failed'}"
+            )
 
     def adopt(self, record: AdoptRecord) -> AttemptHandle | None:
         if record.runtime != self.name or not record.attempt_id:

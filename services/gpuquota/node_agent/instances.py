@@ -47,9 +47,7 @@ def local_instances(spec: LaunchSpec) -> list[Instance]:
     return [Instance(0, host_name(0), tuple(int(g) for g in visible.split(",") if g.strip()))]
 
 
-def instance_env(
-    spec: LaunchSpec, instance: Instance, master_addr: str, master_port: int
-) -> dict[str, str]:
+def instance_env(spec: LaunchSpec, instance: Instance, master_addr: str, master_port: int) -> dict[str, str]:
     """The variables that differ between instances, and the rendezvous of a multi-instance job."""
     total = total_instances(spec)
     env = {

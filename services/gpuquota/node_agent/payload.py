@@ -95,7 +95,9 @@ def parse_payload(payload: str) -> TrainingRequest:
         raise BadPayload("Invalid serviceRequestPayload: CheckpointConfig.LocalPath must be a path")
     image = algo.get("TrainingImage")
     if image is not None and (not isinstance(image, str) or not image):
-        raise BadPayload("Invalid serviceRequestPayload: AlgorithmSpecification.TrainingImage must be a string")
+        raise BadPayload(
+            "Invalid serviceRequestPayload: AlgorithmSpecification.TrainingImage must be a string"
+        )
     return TrainingRequest(
         training_image=image,
         channels=_channels(doc.get("InputDataConfig")),
@@ -120,11 +122,17 @@ def _channels(value: Any) -> tuple[InputChannel, ...]:
         entry = _obj(item, "InputDataConfig[]")
         name = entry.get("ChannelName")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9.\-_]{1,64}", name):
-            raise BadPayload("Invalid serviceRequestPayload: InputDataConfig[].ChannelName must be a channel name")
-        source = _obj(_obj(entry.get("DataSource"), "InputDataConfig[].DataSource").get("S3DataSource"), "S3DataSource")
+            raise BadPayload(
+                "Invalid serviceRequestPayload: InputDataConfig[].ChannelName must be a channel name"
+            )
+        source = _obj(
+            _obj(entry.get("DataSource"), "InputDataConfig[].DataSource").get("S3DataSource"), "S3DataSource"
+        )
         uri = source.get("S3Uri")
         if not isinstance(uri, str) or not uri:
-            raise BadPayload(f"Invalid serviceRequestPayload: channel {name} has no DataSource.S3DataSource.S3Uri")
+            raise BadPayload(
+                f"Invalid serviceRequestPayload: channel {name} has no DataSource.S3DataSource.S3Uri"
+            )
         settings = {k: v for k, v in entry.items() if k not in ("ChannelName", "DataSource")}
         channels.append(InputChannel(name=name, uri=uri, settings=settings))
     if len({c.name for c in channels}) != len(channels):

@@ -191,7 +191,9 @@ class ProcessRuntime:
             return handles[0]
         return instances.GroupHandle(handles, [i.host for i in local])
 
-    async def _start(self, argv: tuple[str, ...], env: dict[str, str], log_path: Path, cwd: Path) -> ProcessHandle:
+    async def _start(
+        self, argv: tuple[str, ...], env: dict[str, str], log_path: Path, cwd: Path
+    ) -> ProcessHandle:
         env = {**os.environ, **env} if self._inherit_env else env
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -26,7 +26,11 @@ CHECKPOINTS = f"{ML}/checkpoints"
 FAILURE_FILE = "failure"
 FAILURE_BYTES = 1024
 NETWORK_INTERFACE = "eth0"
-_CHANNEL_DEFAULTS = {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"}
+_CHANNEL_DEFAULTS = {
+    "TrainingInputMode": "File",
+    "S3DistributionType": "FullyReplicated",
+    "RecordWrapperType": "None",
+}
 #: the agent's variables that name host paths or host GPU indices: replaced inside a container
 _HOST_ONLY = ("CUDA_VISIBLE_DEVICES",)
 
@@ -38,7 +42,9 @@ class Mount:
     read_only: bool
 
     def flag(self) -> str:
-        return f"type=bind,source={self.source},target={self.target}" + (",readonly" if self.read_only else "")
+        return f"type=bind,source={self.source},target={self.target}" + (
+            ",readonly" if self.read_only else ""
+        )
 
 
 @dataclass(frozen=True)
