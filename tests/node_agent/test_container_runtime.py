@@ -128,17 +128,25 @@ async def test_sagemaker_contract_hyperparameters_channel_checkpoint_and_model(
     await wait_until(lambda: not containers(engine, job), TIMEOUT, "the container to be removed")
 
 
-async def test_failure_file_becomes_the_status_reason(
+async def test_failure_file_becomes_the_status_reason_and_entrypoint_arguments_override(
     make_agent: AgentFactory, engine: ContainerEngine, image: str, job_ids: list[str]
 ) -> None:
     job = new_job(job_ids, "failure")
     sched = Scheduler()
     agent = container_agent(make_agent, sched, engine)
     await agent.start()
-    await agent.deliver(run_cmd(payload(image, {"fail": "Loss diverged at step 0"}), job_id=job))
+    algorithm = {
+        "TrainingImage": image,
+        "ContainerEntrypoint": ["/bin/busybox", "sh", "/trainer.sh", "--from-entrypoint"],
+        "ContainerArguments": ["--epochs", "1"],
+    }
+    doc = payload(image, {"fail": "Loss diverged at step 0"}, AlgorithmSpecification=algorithm)
+    await agent.deliver(run_cmd(doc, job_id=job))
     report = await wait_final(sched, f"{job}-a1", TIMEOUT)
     assert (report.status, report.exit_code) == ("FAILED", 3)
     assert report.status_reason == "Loss diverged at step 0"
+    argv = (model_dir(agent.work_dir, f"{job}-a1") / "argv").read_text().split()
+    assert argv == ["--from-entrypoint", "--epochs", "1"]
 
 
 async def test_channels_that_are_not_on_the_node_and_missing_images_fail_at_launch(

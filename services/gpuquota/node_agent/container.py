@@ -86,7 +86,7 @@ class ContainerEngine:
             path = shutil.which(name)
             if path is not None:
                 oci = os.environ.get(OCI_RUNTIME_ENV, "runc" if shutil.which("runc") else "")
-                return cls(name, path, oci or None if name == "podman" else None)
+                return cls(name, path, (oci or None) if name == "podman" else None)
         wanted = preferred or " or ".join(ENGINES)
         raise EngineMissing(f"no container engine found: install {wanted} (deploy/local/podman.sh)")
 
@@ -126,7 +126,10 @@ class ContainerEngine:
         return _first(out) if rc == 0 else None
 
     async def remove(self, name: str) -> None:
-        await self.call("rm", "--force", "--time", "0", name)
+        await self.call("rm", "--force", *(["--time", "0"] if self.name == "podman" else []), name)
+
+    async def remove_network(self, name: str) -> None:
+        await self.call("network", "rm", *(["--force"] if self.name == "podman" else []), name)
 
 
 def _first(out: str) -> dict[str, Any] | None:
@@ -242,7 +245,7 @@ class ContainerRuntime:
             for handle in handles:
                 await handle.reap()
             if network is not None:
-                await self.engine.call("network", "rm", "--force", network)
+                await self.engine.remove_network(network)
             raise
         return self._handle(handles, network)
 
@@ -252,7 +255,7 @@ class ContainerRuntime:
 
         async def remove_network() -> None:
             if network is not None:
-                await self.engine.call("network", "rm", "--force", network)
+                await self.engine.remove_network(network)
 
         return GroupHandle(handles, [h.host for h in handles], remove_network)
 
@@ -301,10 +304,12 @@ class ContainerRuntime:
         args += [f for m in layout.mounts for f in ("--mount", m.flag())]
         args += [f for key, value in sorted(env.items()) for f in ("--env", f"{key}={value}")]
         args += self.engine.gpu_flags(instance.gpus)
-        if request.entrypoint:
-            args += ["--entrypoint", json.dumps(list(request.entrypoint))]
+        # docker's --entrypoint takes one word: the entrypoint's other words lead the command
+        entrypoint = list(request.entrypoint)
+        if entrypoint:
+            args += ["--entrypoint", entrypoint[0]]
         # SageMaker runs an image without ContainerEntrypoint/ContainerArguments as "<image> train"
-        command = list(request.arguments) or ([] if request.entrypoint else ["train"])
+        command = entrypoint[1:] + (list(request.arguments) or ([] if entrypoint else ["train"]))
         rc, _, err = await self.engine.call(*args, image, *command)
         if rc != 0:
             lines = [line for line in err.strip().splitlines() if line.strip()]
