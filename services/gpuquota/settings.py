@@ -30,8 +30,10 @@ GPUQUOTA_NODE_ID               this node's id (required)                        
 GPUQUOTA_GPUS                  number of GPUs this node offers (default 1)              node-agent
 GPUQUOTA_SLOTS                 offered instances ``ml.g5.xlarge=3,...`` (default:       node-agent
                                ``ml.g5.xlarge=<GPUQUOTA_GPUS>``)
-GPUQUOTA_RUNTIME               how jobs run: ``process`` or ``simulated`` (aliases      node-agent
-                               ``subprocess``, ``fake``; default ``subprocess``)
+GPUQUOTA_RUNTIME               how jobs run: ``process``, ``simulated`` or ``container``  node-agent
+                               (aliases ``subprocess``, ``fake``; default ``subprocess``)
+GPUQUOTA_CONTAINER_ENGINE      ``podman`` or ``docker`` for the ``container`` runtime     node-agent
+                               (default: the first found)
 =============================  ======================================================  =========
 """
 

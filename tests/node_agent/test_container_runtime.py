@@ -212,8 +212,8 @@ async def test_restarted_agent_adopts_a_running_container_and_records_a_finished
     await agent1.start()
     await agent1.deliver(run_cmd(payload(image, {"steps": "100000", "sleep": "0.05"}), job_id=running))
     await agent1.deliver(run_cmd(payload(image, {"steps": "20", "sleep": "0.1"}), job_id=finishing))
-    for job in (running, finishing):
-        await wait_until(lambda job=job: "RUNNING" in sched1.statuses(f"{job}-a1"), TIMEOUT, "RUNNING")
+    both = (f"{running}-a1", f"{finishing}-a1")
+    await wait_until(lambda: all("RUNNING" in sched1.statuses(a) for a in both), TIMEOUT, "RUNNING")
     await agent1.stop()  # the agent dies; its containers run on
     await wait_until(
         lambda: (model_dir(work, f"{finishing}-a1") / "done").exists(), TIMEOUT, "the short job to end"

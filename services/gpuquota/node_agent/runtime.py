@@ -312,7 +312,8 @@ class SimulatedRuntime:
 
 
 def describe(record: dict[str, Any]) -> AdoptRecord:
-    command = record.get("command") if isinstance(record.get("command"), dict) else {}
+    raw = record.get("command")
+    command: dict[str, Any] = raw if isinstance(raw, dict) else {}
     return AdoptRecord(
         runtime=str(record.get("runtime", "")),
         pid=record.get("pid"),
