@@ -259,3 +259,31 @@ async def test_two_instances_share_hosts_resolve_each_other_and_one_failure_stop
     assert report.status_reason == "Instance algo-2 (rank 1) failed: NCCL timeout"
     assert not containers(engine, job), "the failure stopped the other instance"
     assert "sigterm at step" in (agent.work_dir / "checkpoints" / job / "events").read_text()
+
+
+async def test_restarted_agent_adopts_every_instance_of_a_two_instance_attempt(
+    make_agent: AgentFactory, engine: ContainerEngine, image: str, job_ids: list[str], tmp_path: Path
+) -> None:
+    job = new_job(job_ids, "multi-adopt")
+    work = tmp_path / "work"
+    sched1 = Scheduler()
+    agent1 = container_agent(make_agent, sched1, engine, work_dir=work, grace=20)
+    await agent1.start()
+    hps = {"steps": "100000", "sleep": "0.05"}
+    await agent1.deliver(run_cmd(payload(image, hps, count=2), job_id=job, slots=(0, 1)))
+    await wait_until(lambda: "RUNNING" in sched1.statuses(f"{job}-a1"), TIMEOUT, "RUNNING")
+    await agent1.stop()  # the agent dies; both containers run on
+    assert len(containers(engine, job)) == 2
+
+    sched2 = Scheduler()
+    agent2 = container_agent(make_agent, sched2, engine, work_dir=work, grace=20)
+    await agent2.start()
+    await wait_until(lambda: "RUNNING" in sched2.statuses(f"{job}-a1"), TIMEOUT, "adoption")
+    assert len(containers(engine, job)) == 2, "nothing runs twice"
+    await agent2.deliver(stop_cmd(job, f"{job}-a1", "Preempted (cross-share): test"))
+    assert (await wait_final(sched2, f"{job}-a1", TIMEOUT)).status == "STOPPED"
+    assert not containers(engine, job)
+    networks = subprocess.run(
+        engine.argv("network", "ls", "--format", "{{.Name}}"), capture_output=True, text=True
+    )
+    assert job not in networks.stdout, "the attempt's network is removed with its containers"

@@ -44,6 +44,8 @@ LABEL = "gpuquota"
 #: default). crun refuses hosts with controllers on both cgroup hierarchies ("hybrid mode"); runc does not.
 OCI_RUNTIME_ENV = "GPUQUOTA_OCI_RUNTIME"
 _COMMAND_TIMEOUT = 120.0
+#: ``run`` pulls an image the node does not have: large training images take minutes
+_RUN_TIMEOUT = 1800.0
 
 
 class EngineMissing(RuntimeError):
@@ -160,11 +162,17 @@ class ContainerHandle:
     start_time: int | None = None
 
     def __init__(
-        self, engine: ContainerEngine, name: str, failure_file: Path | None, log_path: Path, replay: bool
+        self,
+        engine: ContainerEngine,
+        name: str,
+        host: str,
+        failure_file: Path | None,
+        log_path: Path,
+        replay: bool,
     ) -> None:
         self.engine = engine
         self.name = name
-        self.host = "-".join(name.rsplit("-", 2)[-2:])
+        self.host = host
         self.failure_file = failure_file
         self.log_path = log_path
         self._replay = replay  # adopted: rewrite the log from the container's start
@@ -222,8 +230,9 @@ class ContainerRuntime:
     def __init__(self, engine: ContainerEngine) -> None:
         self.engine = engine
 
-    def container_name(self, spec_node: str, attempt_id: str, instance: Instance) -> str:
-        return f"gpuquota-{_safe(spec_node)}-{_safe(attempt_id)}-{instance.host}"
+    @staticmethod
+    def container_name(node: str, attempt_id: str, instance: Instance) -> str:
+        return f"gpuquota-{_safe(node)}-{_safe(attempt_id)}-{instance.host}"
 
     async def launch(self, spec: LaunchSpec) -> AttemptHandle:
         image = spec.request.training_image
@@ -240,7 +249,8 @@ class ContainerRuntime:
                 name = self.container_name(node, spec.attempt_id, instance)
                 log = self._log(spec, instance)
                 await self._run(spec, image, name, instance, layout, log, network)
-                handles.append(ContainerHandle(self.engine, name, layout.failure_file, log, replay=False))
+                handle = ContainerHandle(self.engine, name, instance.host, layout.failure_file, log, False)
+                handles.append(handle)
         except BaseException:
             for handle in handles:
                 await handle.reap()
@@ -310,7 +320,12 @@ class ContainerRuntime:
             args += ["--entrypoint", entrypoint[0]]
         # SageMaker runs an image without ContainerEntrypoint/ContainerArguments as "<image> train"
         command = entrypoint[1:] + (list(request.arguments) or ([] if entrypoint else ["train"]))
-        rc, _, err = await self.engine.call(*args, image, *command)
+        try:
+            rc, _, err = await self.engine.call(*args, image, *command, timeout=_RUN_TIMEOUT)
+        except TimeoutError:
+            raise LaunchError(
+                f"Cannot start image {image}: no answer from {self.engine.name} within {_RUN_TIMEOUT:g} s"
+            ) from None
         if rc != 0:
             lines = [line for line in err.strip().splitlines() if line.strip()]
             raise LaunchError(
@@ -330,7 +345,7 @@ class ContainerRuntime:
         handles = [h for h in map(self._adopt_container, names) if h is not None]
         if not handles:
             return None
-        handles.sort(key=lambda h: int(h.host.rsplit("-", 1)[-1]) if h.host[-1:].isdigit() else 0)
+        handles.sort(key=lambda h: int(h.host.rsplit("-", 1)[-1]) if h.host[-1:].isdigit() else 0)  # algo-K
         network = self._network_name(record.node_id, record.attempt_id) if len(handles) > 1 else None
         return self._handle(handles, network)
 
@@ -342,4 +357,5 @@ class ContainerRuntime:
         labels = (doc.get("Config") or {}).get("Labels") or {}
         log = Path(labels.get(f"{LABEL}.log") or os.devnull)
         failure = labels.get(f"{LABEL}.failure_file")
-        return ContainerHandle(self.engine, name, Path(failure) if failure else None, log, replay=True)
+        host = labels.get(f"{LABEL}.instance") or "algo-1"
+        return ContainerHandle(self.engine, name, host, Path(failure) if failure else None, log, replay=True)

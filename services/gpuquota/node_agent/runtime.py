@@ -322,5 +322,5 @@ def describe(record: dict[str, Any]) -> AdoptRecord:
         node_id=str(command.get("node_id", "")),
         job_id=str(command.get("job_id", "")),
         attempt_id=str(command.get("attempt_id", "")),
-        members=tuple((int(m[0]), m[1]) for m in record.get("members") or ()),
+        members=tuple((int(m[0]), m[1]) for m in record.get("members") or () if m and m[0] is not None),
     )
