@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import resource
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,7 @@ from gpuquota.node_agent.sagemaker_contract import channel_source, prepare_insta
 from gpuquota.settings import NodeAgentSettings
 
 
-def spec_for(tmp_path: Path, doc: dict[str, object], gpus: tuple[tuple[int, ...], ...] = ()) -> LaunchSpec:
+def spec_for(tmp_path: Path, doc: Mapping[str, object], gpus: tuple[tuple[int, ...], ...] = ()) -> LaunchSpec:
     checkpoint = tmp_path / "checkpoints" / "job"
     checkpoint.mkdir(parents=True)
     return LaunchSpec(
@@ -49,6 +51,7 @@ def test_payload_reads_the_image_and_the_channels() -> None:
         ("train", "file:///data", {"ContentType": "text/csv"}),
         ("eval", "/eval", {"ContentType": "text/csv"}),
     ]
+    bad: dict[str, Any]
     for bad in (
         {"InputDataConfig": {}},
         {"InputDataConfig": [{"ChannelName": "x"}]},
