@@ -287,3 +287,29 @@ async def test_restarted_agent_adopts_every_instance_of_a_two_instance_attempt(
         engine.argv("network", "ls", "--format", "{{.Name}}"), capture_output=True, text=True
     )
     assert job not in networks.stdout, "the attempt's network is removed with its containers"
+
+
+async def test_a_container_its_dead_agent_never_recorded_is_removed_at_restart(
+    make_agent: AgentFactory, engine: ContainerEngine, image: str, job_ids: list[str], tmp_path: Path
+) -> None:
+    stray, other = new_job(job_ids, "stray"), new_job(job_ids, "other")
+    work = tmp_path / "work"
+    long = payload(image, {"steps": "100000", "sleep": "0.05"})
+    agent1, neighbour = Scheduler(), Scheduler()
+    dying = container_agent(make_agent, agent1, engine, work_dir=work)
+    elsewhere = container_agent(make_agent, neighbour, engine, work_dir=tmp_path / "elsewhere")
+    for agent in (dying, elsewhere):
+        await agent.start()
+    await dying.deliver(run_cmd(long, job_id=stray))
+    await elsewhere.deliver(run_cmd(long, job_id=other))  # same node id, another agent's work dir
+    await wait_until(lambda: "RUNNING" in agent1.statuses(f"{stray}-a1"), TIMEOUT, "RUNNING")
+    await wait_until(lambda: "RUNNING" in neighbour.statuses(f"{other}-a1"), TIMEOUT, "RUNNING")
+    await dying.stop()
+    # as if it died between starting the container and recording it in state.json
+    (work / "state.json").write_text(json.dumps({"node_id": "node-1", "attempts": {}}))
+
+    sched2 = Scheduler()
+    await container_agent(make_agent, sched2, engine, work_dir=work).start()
+    assert not containers(engine, stray), "the unrecorded container is removed: it never runs twice"
+    assert sched2.reports() == []
+    assert len(containers(engine, other)) == 1, "another agent's container is left alone"

@@ -430,6 +430,9 @@ class NodeAgent:
             self._note(aid, f"adopted (pid {handle.pid})")
             self._report(att, "RUNNING")  # fencing: the scheduler stops it if it is no longer assigned
             att.task = asyncio.create_task(self._watch(att), name=f"adopted-{aid}")
+        sweep = getattr(self.runtime, "sweep", None)  # removes what a dead agent started but never recorded
+        if sweep is not None:
+            sweep(self.node_id, self.work_dir, set(self._attempts))
         self._save_state()
 
     async def _watch(self, att: _Attempt) -> None:

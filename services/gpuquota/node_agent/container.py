@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -37,6 +38,8 @@ from gpuquota.node_agent.instances import (
 )
 from gpuquota.node_agent.runtime import AdoptRecord, AttemptHandle, LaunchError, LaunchSpec, Outcome, Trace
 from gpuquota.node_agent.sagemaker_contract import InstanceLayout, prepare_instance, read_failure
+
+log = logging.getLogger(__name__)
 
 ENGINES = ("podman", "docker")
 LABEL = "gpuquota"
@@ -302,6 +305,7 @@ class ContainerRuntime:
         args = ["run", "--detach", "--name", name, "--hostname", instance.host, *ulimit_flags()]
         labels = {
             "node_id": spec.env.get("GPUQUOTA_NODE_ID", ""),
+            "work_dir": str(spec.cwd),
             "job_id": spec.job_id,
             "attempt_id": spec.attempt_id,
             "instance": instance.host,
@@ -348,6 +352,29 @@ class ContainerRuntime:
         handles.sort(key=lambda h: int(h.host.rsplit("-", 1)[-1]) if h.host[-1:].isdigit() else 0)  # algo-K
         network = self._network_name(record.node_id, record.attempt_id) if len(handles) > 1 else None
         return self._handle(handles, network)
+
+    def sweep(self, node_id: str, work_dir: Path, keep: set[str]) -> list[str]:
+        """Removes the containers an agent of ``node_id`` on ``work_dir`` started for attempts other than
+        ``keep`` (it died between starting them and recording them in ``state.json``): their attempts
+        are not this agent's any more, and the scheduler runs them again."""
+        filters = [f"label={LABEL}.node_id={node_id}", f"label={LABEL}.work_dir={work_dir}"]
+        rc, out = self.engine.call_sync(
+            "ps", "--all", "--format", "{{.Names}}", *(f for flt in filters for f in ("--filter", flt))
+        )
+        kept = {_safe(attempt) for attempt in keep}
+        prefix = f"gpuquota-{_safe(node_id)}-"
+        strays = [
+            name
+            for name in out.split()
+            if rc == 0 and name.startswith(prefix) and name[len(prefix) :].rsplit("-", 2)[0] not in kept
+        ]
+        podman = self.engine.name == "podman"
+        for name in strays:
+            log.warning("removing container %s: started by a previous agent that did not record it", name)
+            self.engine.call_sync("rm", "--force", *(["--time", "0"] if podman else []), name)
+        for network in {name.rsplit("-", 2)[0] for name in strays}:  # multi-instance attempts' networks
+            self.engine.call_sync("network", "rm", *(["--force"] if podman else []), network)
+        return strays
 
     def _adopt_container(self, name: str) -> ContainerHandle | None:
         rc, out = self.engine.call_sync("inspect", "--type", "container", name)
