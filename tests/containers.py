@@ -99,7 +99,7 @@ def build_trainer_image(engine: ContainerEngine) -> str:
 
 
 def remove_job_containers(engine: ContainerEngine, job_id: str) -> list[str]:
-    """Removes the containers of ``job_id``; returns the names that were still there."""
+    """Removes the containers (and networks) of ``job_id``; returns the containers still there."""
     listed = subprocess.run(
         engine.argv("ps", "--all", "--format", "{{.Names}}", "--filter", f"label={LABEL}.job_id={job_id}"),
         capture_output=True,
@@ -108,6 +108,12 @@ def remove_job_containers(engine: ContainerEngine, job_id: str) -> list[str]:
     names = [n for n in listed.stdout.split() if n]
     if names:
         subprocess.run(engine.argv("rm", "--force", "--time", "0", *names), capture_output=True)
+    networks = subprocess.run(
+        engine.argv("network", "ls", "--format", "{{.Name}}"), capture_output=True, text=True
+    )
+    for network in networks.stdout.split():
+        if job_id in network:  # a multi-instance attempt's network, left by a test that failed
+            subprocess.run(engine.argv("network", "rm", "--force", network), capture_output=True)
     return names
 
 
