@@ -6,7 +6,8 @@
 #                                    when docker is installed and GPUQUOTA_CONTAINER_ENGINE=docker)
 #   deploy/local/podman.sh check     exit 0 when podman or docker is installed, print which
 #
-# busybox-static is what the tests put in their locally built training image (no registry is reached).
+# busybox-static is what the tests put in their locally built training image (no registry is reached);
+# netavark and aardvark-dns give a multi-instance attempt's network its DNS (host names algo-1, ...).
 # runc: crun, podman's default OCI runtime in Debian 12, refuses hosts whose cgroup controllers sit on
 # both hierarchies ("hybrid mode"); the container runtime uses runc when it is installed.
 set -euo pipefail
@@ -19,6 +20,11 @@ missing() {
   command -v podman >/dev/null 2>&1 || need+=(podman)
   command -v runc >/dev/null 2>&1 || need+=(runc)
   [ -x /bin/busybox ] || need+=(busybox-static)
+  # multi-instance containers resolve each other by name through netavark's DNS server
+  if command -v podman >/dev/null 2>&1 || [ "${#need[@]}" -gt 0 ]; then
+    [ -x /usr/lib/podman/netavark ] || need+=(netavark)
+    [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
+  fi
   echo "${need[@]}"
 }
 
