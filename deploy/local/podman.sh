@@ -21,10 +21,8 @@ missing() {
   command -v runc >/dev/null 2>&1 || need+=(runc)
   [ -x /bin/busybox ] || need+=(busybox-static)
   # multi-instance containers resolve each other by name through netavark's DNS server
-  if command -v podman >/dev/null 2>&1 || [ "${#need[@]}" -gt 0 ]; then
-    [ -x /usr/lib/podman/netavark ] || need+=(netavark)
-    [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
-  fi
+  [ -x /usr/lib/podman/netavark ] || need+=(netavark)
+  [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
   echo "${need[@]}"
 }
 
