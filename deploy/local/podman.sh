@@ -19,7 +19,8 @@ missing() {
   local need=()
   command -v podman >/dev/null 2>&1 || need+=(podman)
   command -v runc >/dev/null 2>&1 || need+=(runc)
-  [ -x /bin/busybox ] || need+=(busybox-static)
+  # the image is FROM scratch: Debian's dynamically linked busybox package would not run in it
+  dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
   # multi-instance containers resolve each other by name through netavark's DNS server
   [ -x /usr/lib/podman/netavark ] || need+=(netavark)
   [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
