@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import math
@@ -24,9 +25,10 @@ import resource
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from gpuquota.node_agent.instances import (
     CONTAINER_MASTER_PORT,
@@ -99,7 +101,7 @@ class ContainerEngine:
         runtime = ["--runtime", self.oci_runtime] if self.oci_runtime else []
         return [self.path, *runtime, *args]
 
-    async def call(self, *args: str, timeout: float = _COMMAND_TIMEOUT) -> tuple[int, str, str]:
+    async def call(self, *args: str, timeout: float | None = _COMMAND_TIMEOUT) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
             *self.argv(*args),
             stdin=asyncio.subprocess.DEVNULL,
@@ -135,6 +137,24 @@ class ContainerEngine:
 
     async def remove_network(self, name: str) -> None:
         await self.call("network", "rm", *(["--force"] if self.name == "podman" else []), name)
+
+
+_PR_SET_PDEATHSIG = 1
+_FOLLOWERS: set[subprocess.Popen[bytes]] = set()
+"""``logs --follow`` processes not reaped yet (one killed may need a moment); referenced until then."""
+
+
+def _die_with_parent() -> None:
+    """In a follower, before exec: SIGKILL when the agent dies (Linux), so that an agent killed with
+    SIGKILL leaves no follower appending to the log its successor writes again."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _reap_followers() -> None:
+    for follower in list(_FOLLOWERS):
+        if follower.poll() is not None:
+            _FOLLOWERS.discard(follower)
 
 
 def _first(out: str) -> dict[str, Any] | None:
@@ -179,24 +199,30 @@ class ContainerHandle:
         self.failure_file = failure_file
         self.log_path = log_path
         self._replay = replay  # adopted: rewrite the log from the container's start
-        self._follower: asyncio.subprocess.Process | None = None
+        self._follower: subprocess.Popen[bytes] | None = None
 
-    async def _follow_log(self) -> None:
+    def _follow_log(self) -> None:
         if self._follower is not None:
             return
+        _reap_followers()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log: BinaryIO
         with open(self.log_path, "wb" if self._replay else "ab") as log:
-            self._follower = await asyncio.create_subprocess_exec(
-                *self.engine.argv("logs", "--follow", self.name),
-                stdin=asyncio.subprocess.DEVNULL,
+            self._follower = subprocess.Popen(
+                self.engine.argv("logs", "--follow", self.name),
+                stdin=subprocess.DEVNULL,
                 stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
             )
+        _FOLLOWERS.add(self._follower)
 
     async def wait(self) -> Outcome:
-        await self._follow_log()
-        rc, out, err = await self.engine.call("wait", self.name, timeout=math.inf)
+        self._follow_log()
+        try:
+            rc, out, err = await self.engine.call("wait", self.name, timeout=None)  # as long as it runs
+        except asyncio.CancelledError:
+            self._kill_follower()  # the agent stops: its successor copies the log again
+            raise
         if rc != 0 or not out.strip().lstrip("-").isdigit():
             return Outcome(exit_code=None, reason=f"Container {self.name} lost: {err.strip() or 'gone'}")
         code = int(out.strip().splitlines()[-1])
@@ -215,12 +241,23 @@ class ContainerHandle:
 
     async def reap(self) -> None:
         await self.engine.remove(self.name)
-        if self._follower is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._follower.wait(), 10)
-            if self._follower.returncode is None:
-                self._follower.kill()
-                await self._follower.wait()
+        await self._stop_following(10)  # it ends with the container, after copying the last lines
+
+    async def _stop_following(self, patience: float) -> None:
+        follower = self._follower
+        deadline = time.monotonic() + patience
+        while follower is not None and follower.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self._kill_follower()
+
+    def _kill_follower(self) -> None:
+        """Synchronous, so that it completes even in a task cancelled at its agent's stop."""
+        follower = self._follower
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                follower.wait(timeout=1)
+        _reap_followers()
 
 
 class ContainerRuntime:

@@ -131,6 +131,7 @@ class GroupHandle:
         finally:
             for task in waits:
                 task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)  # their clean-up is done when we return
         if first is None:
             return Outcome(exit_code=0)
         index, outcome = first
