@@ -7,7 +7,7 @@ contract: it records what it saw (hyperparameters, resource config, channel, ``S
 
 Hyperparameters: ``steps`` (default 3), ``sleep`` (seconds a step, default 0.1), ``fail`` (a failure
 message: write it and exit 3), ``fail_host`` (only that instance fails), ``resolve`` (a host name to
-look up, multi-instance jobs).
+look up; the instances wait for each other's look-up, multi-instance jobs).
 """
 
 from __future__ import annotations
@@ -38,7 +38,19 @@ cp /opt/ml/input/config/inputdataconfig.json "$M/inputdataconfig.json"
 env | grep -E '^(SM_|MASTER_|WORLD_SIZE|NODE_RANK|GPUQUOTA_|NVIDIA_|CUDA_)' | sort > "$M/env"
 for ch in $(ls /opt/ml/input/data 2>/dev/null); do cat /opt/ml/input/data/$ch/* > "$M/channel-$ch"; done
 touch "$C/probe" 2>/dev/null && echo writable > "$M/checkpoint-writable"
-if [ -n "${SM_HP_RESOLVE:-}" ]; then nslookup "$SM_HP_RESOLVE" > "$M/resolved" 2>&1 || rm -f "$M/resolved"; fi
+if [ -n "${SM_HP_RESOLVE:-}" ]; then
+  # look the peer up (retrying while it starts), then wait until every instance has: none ends early
+  i=0
+  until nslookup "$SM_HP_RESOLVE" > "$M/resolved" 2>&1 || [ $i -ge 100 ]; do sleep 0.2; i=$((i + 1)); done
+  grep -q Address "$M/resolved" || rm -f "$M/resolved"
+  touch "$C/resolved-$SM_CURRENT_HOST"
+  hosts=$(echo "$SM_HOSTS" | tr ',' '\n' | grep -c algo)
+  i=0
+  until [ "$(ls "$C" | grep -c '^resolved-')" -ge "$hosts" ] || [ $i -ge 300 ]; do
+    sleep 0.2
+    i=$((i + 1))
+  done
+fi
 on_term() {
   echo "$step" > "$C/step"
   echo "sigterm at step $step" >> "$C/events"

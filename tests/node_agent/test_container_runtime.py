@@ -241,7 +241,7 @@ async def test_two_instances_share_hosts_resolve_each_other_and_one_failure_stop
     sched = Scheduler()
     agent = container_agent(make_agent, sched, engine, slots="ml.g5.xlarge=2", grace=20)
     await agent.start()
-    hps = {"steps": "30", "sleep": "0.1", "resolve": "algo-1"}  # algo-1 runs while algo-2 looks it up
+    hps = {"steps": "2", "sleep": "0.05", "resolve": "algo-1"}
     await agent.deliver(run_cmd(payload(image, hps, count=2), job_id=job, slots=(0, 1)))
     report = await wait_final(sched, f"{job}-a1", TIMEOUT)
     assert report.status == "SUCCEEDED", report.status_reason
