@@ -102,7 +102,7 @@ def test_reclaim_preempts_a_container_which_checkpoints_and_resumes(
     stack: StackThread, image: str, tmp_path: Path
 ) -> None:
     batch = stack.client
-    long = sagemaker_payload(image, {"steps": "60", "sleep": "0.1"})
+    long = sagemaker_payload(image, {"steps": "100", "sleep": "0.1"})  # ends long after the reclaim
     first = submit(batch, "first", priority=2, serviceRequestPayload=long)
     borrower = submit(batch, "borrower", priority=1, serviceRequestPayload=long)  # on QS2's idle instance
     wait_for(lambda: all(status(batch, j) == "RUNNING" for j in (first, borrower)), TIMEOUT)

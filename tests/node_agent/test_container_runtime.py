@@ -211,7 +211,7 @@ async def test_restarted_agent_adopts_a_running_container_and_records_a_finished
     agent1 = container_agent(make_agent, sched1, engine, work_dir=work)
     await agent1.start()
     await agent1.deliver(run_cmd(payload(image, {"steps": "100000", "sleep": "0.05"}), job_id=running))
-    await agent1.deliver(run_cmd(payload(image, {"steps": "20", "sleep": "0.1"}), job_id=finishing))
+    await agent1.deliver(run_cmd(payload(image, {"steps": "50", "sleep": "0.1"}), job_id=finishing))
     both = (f"{running}-a1", f"{finishing}-a1")
     await wait_until(lambda: all("RUNNING" in sched1.statuses(a) for a in both), TIMEOUT, "RUNNING")
     await agent1.stop()  # the agent dies; its containers run on
