@@ -16,7 +16,8 @@ LINT_PATHS := $(wildcard services tests benchmarks)
 
 help:
 	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' with the pins of"
-	@echo "                   constraints.txt (skipped when up to date)"
+	@echo "                   constraints.txt (skipped when up to date);"
+	@echo "                   podman, runc, busybox-static from apt when missing (deploy/local/podman.sh, root)"
 	@echo "make native        compile the scheduling core with mypyc (docs/configuration.md; skipped when current)"
 	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
 	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
@@ -32,6 +33,7 @@ $(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	bash deploy/local/podman.sh install
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -42,6 +44,7 @@ native: install
 CORE_TESTS := tests/unit/core tests/property tests/unit/test_snapshots.py
 
 test: native
+	bash deploy/local/podman.sh install
 	bash deploy/local/test-stack.sh $(PYTEST_ARGS)
 	GPUQUOTA_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider $(CORE_TESTS)
 

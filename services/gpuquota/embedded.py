@@ -26,7 +26,8 @@ from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
-from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
+from gpuquota.node_agent import RUNTIMES, NodeAgent, discover_slots, make_runtime
+from gpuquota.node_agent.container import ENGINES
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import TimedStore, Timings
@@ -76,6 +77,7 @@ class EmbeddedStack:
         nodes: str = DEFAULT_NODES,
         runtime: str = "process",
         *,
+        container_engine: str | None = None,
         tick_seconds: float = 1.0,
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
@@ -87,6 +89,7 @@ class EmbeddedStack:
         self.port = port
         self.nodes = nodes
         self.runtime = runtime
+        self.container_engine = container_engine
         self.tick_seconds = tick_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.preemption_grace = preemption_grace
@@ -104,6 +107,7 @@ class EmbeddedStack:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
+        runtime = make_runtime(self.runtime, self.container_engine)  # ValueError: no engine
         timings = Timings()
         self.store = TimedStore(await open_store(self.data_dir), timings)
         shell = self.shell = SchedulerShell(
@@ -136,7 +140,6 @@ class EmbeddedStack:
         await site.start()
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
-        runtime = make_runtime(self.runtime)
         for node_id, slots in node_slots(self.nodes):
             agent = NodeAgent(
                 node_id,
@@ -181,7 +184,8 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
     add("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     add("--port", type=int, default=None, help="HTTP port (GPUQUOTA_PORT, default 8642)")
     add("--nodes", default=DEFAULT_NODES, help=f'local node agents, e.g. "{DEFAULT_NODES},ml.p4d.24xlarge=1"')
-    add("--runtime", choices=("process", "simulated"), default="process", help="how attempts run")
+    add("--runtime", choices=RUNTIMES, default="process", help="how attempts run")
+    add("--container-engine", choices=ENGINES, default=None, help="--runtime container: podman or docker")
     add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")
     add("--database-url", default=None, help="distributed mode: PostgreSQL URL (GPUQUOTA_DATABASE_URL)")
     add_auth_keys(parser)
@@ -215,7 +219,15 @@ def run_up(args: argparse.Namespace) -> int:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
         return _run_distributed(args, kafka, database_url, port, auth)
-    stack = EmbeddedStack(args.data_dir, args.host, port, args.nodes, args.runtime, auth=auth)
+    stack = EmbeddedStack(
+        args.data_dir,
+        args.host,
+        port,
+        args.nodes,
+        args.runtime,
+        auth=auth,
+        container_engine=args.container_engine,
+    )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         asyncio.run(_serve(stack))
@@ -241,7 +253,7 @@ def _run_distributed(
             host=args.host,
             port=port,
             nodes=node_slots(args.nodes),
-            runtime=make_runtime(args.runtime),
+            runtime=make_runtime(args.runtime, args.container_engine),
             data_dir=Path(args.data_dir),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),

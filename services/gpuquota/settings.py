@@ -37,8 +37,10 @@ GPUQUOTA_NODE_ID               this node's id (required)                        
 GPUQUOTA_GPUS                  number of GPUs this node offers (default 1)              node-agent
 GPUQUOTA_SLOTS                 offered instances ``ml.g5.xlarge=3,...`` (default:       node-agent
                                ``ml.g5.xlarge=<GPUQUOTA_GPUS>``)
-GPUQUOTA_RUNTIME               how jobs run: ``process`` or ``simulated`` (aliases      node-agent
-                               ``subprocess``, ``fake``; default ``subprocess``)
+GPUQUOTA_RUNTIME               how jobs run: ``process``, ``simulated`` or ``container``  node-agent
+                               (aliases ``subprocess``, ``fake``; default ``subprocess``)
+GPUQUOTA_CONTAINER_ENGINE      ``podman`` or ``docker`` for the ``container`` runtime     node-agent
+                               (default: the first found)
 =============================  ======================================================  =========
 """
 
@@ -200,8 +202,9 @@ class NodeAgentSettings(_Settings):
     """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
-    GPUQUOTA_RUNTIME, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS, GPUQUOTA_DATA_DIR,
-    GPUQUOTA_LOGS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL. ``runtime`` ``subprocess`` means
+    GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS,
+    GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    ``runtime`` ``subprocess`` means
     ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
     work directory.
     """
@@ -210,7 +213,8 @@ class NodeAgentSettings(_Settings):
     pool: Name = "default"
     gpus: Annotated[int, Field(ge=1, le=1024)] = 1
     slots: str = ""
-    runtime: Literal["process", "simulated", "subprocess", "fake"] = "subprocess"
+    runtime: Literal["process", "simulated", "subprocess", "fake", "container"] = "subprocess"
+    container_engine: Literal["podman", "docker"] | None = None
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
@@ -218,7 +222,9 @@ class NodeAgentSettings(_Settings):
     logs_port: Annotated[int, Field(ge=0, le=65535)] = 0
 
     @property
-    def runtime_kind(self) -> Literal["process", "simulated"]:
+    def runtime_kind(self) -> Literal["process", "simulated", "container"]:
+        if self.runtime == "container":
+            return "container"
         return "simulated" if self.runtime in ("simulated", "fake") else "process"
 
     @property

@@ -5,8 +5,10 @@ scheduler and one local node agent offering 3 x ml.g5.xlarge) on a free port, wi
 a temporary directory. The default runtime is ``process``: every job is a small real Python process
 that "trains" (counts steps into its checkpoint directory) until it is stopped or 10 minutes pass; a
 preempted job is stopped with SIGTERM and resumes from its checkpoint when it runs again.
-``--runtime simulated`` runs no processes. With ``--endpoint URL`` it drives that stack instead (its
-node agents decide the runtime; the job command is ``python3``).
+``--runtime simulated`` runs no processes; ``--runtime container`` runs every job as a container of a
+small image built locally (``gpuquota.ctl.demo_image``) with SageMaker's training contract. With
+``--endpoint URL`` it drives that stack instead (its node agents decide the runtime; the job command
+is ``python3``).
 
 The demo applies the worked example's resources (the same as ``deploy/examples/worked-example.yaml``),
 then plays the three steps. After each step it polls (with a deadline) until the expected outcome
@@ -34,6 +36,7 @@ from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
 from gpuquota.ctl.apply import apply, parse
 from gpuquota.ctl.commands import format_changes, format_shares, quiet_stdout
+from gpuquota.ctl.demo_image import RUNTIME_LINES, build_demo_image, container_payload
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.timeline import Marker, Timeline, Track, render_svg, segments_from_samples
 
@@ -234,6 +237,7 @@ class Demo:
     style: Style
     out: Callable[[str], None] = print
     step_timeout: float = 30.0
+    image: str | None = None  # --runtime container: the jobs' TrainingImage
     ids: dict[str, str] = field(default_factory=dict)
     """job name -> job id, in submission order"""
     samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
@@ -274,7 +278,11 @@ class Demo:
             serviceJobType="SAGEMAKER_TRAINING",
             quotaShareName=share,
             schedulingPriority=priority,
-            serviceRequestPayload=job_payload(self.python),
+            serviceRequestPayload=(
+                job_payload(self.python)
+                if self.image is None
+                else container_payload(self.image, G5, JOB_SECONDS)
+            ),
         )
         self.ids[name] = str(out["jobId"])
         self.samples.setdefault(name, []).append((_now_ms(), "SUBMITTED"))
@@ -441,9 +449,9 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--runtime",
-        choices=("process", "simulated"),
+        choices=("process", "simulated", "container"),
         default="process",
-        help="embedded stack only: jobs as real local processes (default) or simulated",
+        help="embedded stack only: jobs as real local processes (default), containers or simulated",
     )
     add("--step-timeout", type=float, default=30.0, help="seconds each step may take (default 30)")
 
@@ -463,28 +471,26 @@ def run_demo(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
         print(style("gpuquota demo", "bold") + ": the worked example of semantics.md S8, through boto3")
+        image: str | None = None
         if args.endpoint:
             endpoint, python = args.endpoint, "python3"
             where = f"{endpoint} (its node agents decide the runtime)"
         else:
             logging.getLogger("gpuquota").setLevel(logging.WARNING)
             temp = tempfile.TemporaryDirectory(prefix="gpuquota-demo-")
+            image = build_demo_image() if args.runtime == "container" else None
             try:
                 stack = BackgroundStack(Path(temp.name), args.runtime)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 raise CliError(f"cannot start the embedded stack: {exc}") from None
             endpoint, python = stack.url, sys.executable
-            runtime = (
-                "process runtime: each job is a local Python process; preemption stops it with SIGTERM"
-                if args.runtime == "process"
-                else "simulated runtime: no processes"
-            )
+            runtime = RUNTIME_LINES[args.runtime]
             where = f"embedded stack at {endpoint}, 1 node agent with 3 x {G5}\n         {runtime}"
         print(f"  stack  {where}")
         print("")
         api = Api(endpoint)
         api.get("/health")
-        demo = Demo(api, python, style, step_timeout=args.step_timeout)
+        demo = Demo(api, python, style, step_timeout=args.step_timeout, image=image)
         demo.started_ms = _now_ms()
         demo.setup()
         demo.started_ms = _now_ms()

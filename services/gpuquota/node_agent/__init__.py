@@ -16,6 +16,7 @@ from gpuquota.node_agent.slots import INSTANCE_TYPE_GPUS, SlotSpecError, discove
 __all__ = [
     "INSTANCE_TYPE_GPUS",
     "LOST_REASON",
+    "RUNTIMES",
     "AttemptHandle",
     "BadPayload",
     "LaunchError",
@@ -35,10 +36,21 @@ __all__ = [
 ]
 
 
-def make_runtime(kind: str) -> Runtime:
-    """``process`` (alias ``subprocess``) or ``simulated`` (alias ``fake``)."""
+RUNTIMES = ("process", "simulated", "container")
+
+
+def make_runtime(kind: str, container_engine: str | None = None) -> Runtime:
+    """``process`` (alias ``subprocess``), ``simulated`` (alias ``fake``) or ``container`` (with
+    ``container_engine`` podman or docker; default: the first found). Raises ValueError."""
     if kind in ("process", "subprocess"):
         return ProcessRuntime()
     if kind in ("simulated", "fake"):
         return SimulatedRuntime()
-    raise ValueError(f"unknown runtime {kind!r}: expected process or simulated")
+    if kind == "container":
+        from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, EngineMissing
+
+        try:
+            return ContainerRuntime(ContainerEngine.find(container_engine))
+        except EngineMissing as exc:
+            raise ValueError(str(exc)) from None
+    raise ValueError(f"unknown runtime {kind!r}: expected process, simulated or container")

@@ -331,11 +331,10 @@ class NodeAgent:
             self._report(att, "SUCCEEDED", exit_code=0)
         elif outcome.signal is not None:
             name = _signal_name(outcome.signal)
-            self._report(
-                att, "FAILED", reason=f"Attempt killed by signal {name}", exit_code=_exit_code(outcome)
-            )
+            reason = outcome.reason or f"Attempt killed by signal {name}"
+            self._report(att, "FAILED", reason=reason, exit_code=_exit_code(outcome))
         elif outcome.exit_code is not None:
-            reason = f"Essential container in task exited with code {outcome.exit_code}"
+            reason = outcome.reason or f"Essential container in task exited with code {outcome.exit_code}"
             self._report(att, "FAILED", reason=reason, exit_code=outcome.exit_code)
         else:
             self._report(att, "FAILED", reason=LOST_REASON if att.adopted else "Attempt lost")
@@ -383,10 +382,11 @@ class NodeAgent:
             env=env,
             log_path=self.work_dir / "logs" / f"{_safe(cmd.attempt_id)}.log",
             cwd=self.work_dir,
+            instance_gpus=tuple(self.slots[i].gpus for i in cmd.slots) if len(cmd.slots) > 1 else (),
         )
 
     def _checkpoint_dir(self, cmd: RunAttempt, request: TrainingRequest) -> Path:
-        if request.checkpoint_local_path:
+        if request.checkpoint_local_path and not getattr(self.runtime, "contained", False):
             path = self.work_dir / request.checkpoint_local_path  # an absolute LocalPath wins
         else:
             path = self.work_dir / "checkpoints" / _safe(cmd.job_id)
@@ -437,6 +437,9 @@ class NodeAgent:
             self._note(aid, f"adopted (pid {handle.pid})")
             self._report(att, "RUNNING")  # fencing: the scheduler stops it if it is no longer assigned
             att.task = asyncio.create_task(self._watch(att), name=f"adopted-{aid}")
+        sweep = getattr(self.runtime, "sweep", None)  # removes what a dead agent started but never recorded
+        if sweep is not None:
+            sweep(self.node_id, self.work_dir, set(self._attempts))
         self._save_state()
 
     async def _watch(self, att: _Attempt) -> None:
@@ -457,6 +460,7 @@ class NodeAgent:
                 "pid": att.handle.pid,
                 "pgid": att.handle.pgid,
                 "start_time": att.handle.start_time,
+                "members": getattr(att.handle, "member_records", []),
                 "started_at": att.started_at,
             }
             for aid, att in self._attempts.items()

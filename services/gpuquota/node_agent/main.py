@@ -29,6 +29,7 @@ _FLAGS = {
     "gpus": "gpus",
     "slots": "slots",
     "runtime": "runtime",
+    "container_engine": "container_engine",
     "work_dir": "data_dir",
     "heartbeat_seconds": "heartbeat_seconds",
     "preemption_grace": "preemption_grace",
@@ -45,7 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--pool", help="GPU pool (GPUQUOTA_POOL, default 'default')")
     add("--gpus", help="GPUs when --slots is unset (GPUQUOTA_GPUS, default 1)")
     add("--slots", help='offered instances, e.g. "ml.g5.xlarge=3,ml.p4d.24xlarge=1" (GPUQUOTA_SLOTS)')
-    add("--runtime", help="process or simulated (GPUQUOTA_RUNTIME, default process)")
+    add("--runtime", help="process, simulated or container (GPUQUOTA_RUNTIME, default process)")
+    add("--container-engine", help="podman or docker (GPUQUOTA_CONTAINER_ENGINE, default: the first found)")
     add("--work-dir", help="logs, checkpoints and state.json (GPUQUOTA_DATA_DIR, default .gpuquota)")
     add("--heartbeat-seconds", help="heartbeat period (GPUQUOTA_HEARTBEAT_SECONDS, default 5)")
     add("--preemption-grace", help="seconds from SIGTERM to SIGKILL (GPUQUOTA_PREEMPTION_GRACE, default 30)")
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             "node_id": settings.node_id,
             "pool": settings.pool,
             "runtime": settings.runtime_kind,
+            "container_engine": settings.container_engine,
             "work_dir": str(settings.data_dir),
             "heartbeat_seconds": settings.heartbeat_seconds,
             "preemption_grace": settings.preemption_grace,
@@ -107,6 +110,11 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
     configure_logging(settings.log_level, settings.log_format)
     bind(node_id=settings.node_id)
     prog = "gpuquota node-agent"
+    try:
+        runtime = make_runtime(settings.runtime_kind, settings.container_engine)
+    except ValueError as exc:
+        print(f"gpuquota node-agent: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> int:
         await wait_for_dependencies(prog, settings.startup_timeout, settings.kafka)
@@ -115,7 +123,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
             settings.node_id,
             settings.pool,
             slots,
-            make_runtime(settings.runtime_kind),
+            runtime,
             settings.data_dir,
             topics=KafkaTopics(settings.topic_prefix),
             heartbeat_seconds=settings.heartbeat_seconds,

@@ -13,6 +13,15 @@ class BadPayload(ValueError):
 
 
 @dataclass(frozen=True)
+class InputChannel:
+    """One ``InputDataConfig`` entry: its name, its ``S3Uri`` and the rest (``inputdataconfig.json``)."""
+
+    name: str
+    uri: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TrainingRequest:
     entrypoint: tuple[str, ...] = ()
     arguments: tuple[str, ...] = ()
@@ -22,6 +31,8 @@ class TrainingRequest:
     instance_count: int = 1
     max_runtime_seconds: float | None = None
     checkpoint_local_path: str | None = None
+    training_image: str | None = None
+    channels: tuple[InputChannel, ...] = ()
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -82,7 +93,14 @@ def parse_payload(payload: str) -> TrainingRequest:
     local_path = checkpoint.get("LocalPath")
     if local_path is not None and (not isinstance(local_path, str) or not local_path):
         raise BadPayload("Invalid serviceRequestPayload: CheckpointConfig.LocalPath must be a path")
+    image = algo.get("TrainingImage")
+    if image is not None and (not isinstance(image, str) or not image):
+        raise BadPayload(
+            "Invalid serviceRequestPayload: AlgorithmSpecification.TrainingImage must be a string"
+        )
     return TrainingRequest(
+        training_image=image,
+        channels=_channels(doc.get("InputDataConfig")),
         entrypoint=_strings(algo.get("ContainerEntrypoint"), "AlgorithmSpecification.ContainerEntrypoint"),
         arguments=_strings(algo.get("ContainerArguments"), "AlgorithmSpecification.ContainerArguments"),
         environment=_str_map(doc.get("Environment"), "Environment"),
@@ -92,6 +110,34 @@ def parse_payload(payload: str) -> TrainingRequest:
         max_runtime_seconds=float(max_runtime) if max_runtime is not None else None,
         checkpoint_local_path=local_path,
     )
+
+
+def _channels(value: Any) -> tuple[InputChannel, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise BadPayload("Invalid serviceRequestPayload: InputDataConfig must be a list")
+    channels: list[InputChannel] = []
+    for item in value:
+        entry = _obj(item, "InputDataConfig[]")
+        name = entry.get("ChannelName")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9.\-_]{1,64}", name):
+            raise BadPayload(
+                "Invalid serviceRequestPayload: InputDataConfig[].ChannelName must be a channel name"
+            )
+        source = _obj(
+            _obj(entry.get("DataSource"), "InputDataConfig[].DataSource").get("S3DataSource"), "S3DataSource"
+        )
+        uri = source.get("S3Uri")
+        if not isinstance(uri, str) or not uri:
+            raise BadPayload(
+                f"Invalid serviceRequestPayload: channel {name} has no DataSource.S3DataSource.S3Uri"
+            )
+        settings = {k: v for k, v in entry.items() if k not in ("ChannelName", "DataSource")}
+        channels.append(InputChannel(name=name, uri=uri, settings=settings))
+    if len({c.name for c in channels}) != len(channels):
+        raise BadPayload("Invalid serviceRequestPayload: InputDataConfig has a channel name twice")
+    return tuple(channels)
 
 
 def hyperparameter_env(hyperparameters: dict[str, str]) -> dict[str, str]:

@@ -31,6 +31,12 @@ class LaunchSpec:
     """Variables the agent adds (GPUs, job id, checkpoint dir, hyperparameters, ``Environment``)."""
     log_path: Path
     cwd: Path
+    instance_gpus: tuple[tuple[int, ...], ...] = ()
+    """One entry per instance this node runs (its slot's GPUs); empty: one instance, ``env``'s GPUs."""
+
+    @property
+    def instances_here(self) -> int:
+        return max(1, len(self.instance_gpus))
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,11 @@ class AdoptRecord:
     pid: int | None
     pgid: int | None
     start_time: int | None
+    node_id: str = ""
+    job_id: str = ""
+    attempt_id: str = ""
+    members: tuple[tuple[int, int | None], ...] = ()
+    """(pid, start time) of every instance's process (multi-instance ``process`` attempts)."""
 
 
 class AttemptHandle(Protocol):
@@ -154,23 +165,46 @@ class ProcessRuntime:
         self._inherit_env = inherit_env
 
     async def launch(self, spec: LaunchSpec) -> AttemptHandle:
+        from gpuquota.node_agent import instances
+
         argv = spec.request.command
         if not argv:
             raise LaunchError(
                 "No command to run: the payload has no AlgorithmSpecification.ContainerEntrypoint "
                 "or ContainerArguments"
             )
-        env = {**os.environ, **spec.env} if self._inherit_env else dict(spec.env)
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        local = instances.local_instances(spec)
+        port = instances.free_port() if len(local) > 1 else 0
+        handles: list[AttemptHandle] = []
         try:
-            with open(spec.log_path, "ab") as log:
+            for instance in local:
+                env = {**spec.env, **instances.instance_env(spec, instance, "localhost", port)}
+                log = spec.log_path
+                if instance.rank > 0:
+                    log = log.with_name(f"{log.stem}.{instance.host}{log.suffix}")
+                handles.append(await self._start(argv, env, log, spec.cwd))
+        except BaseException:
+            for handle in handles:
+                await handle.reap()
+            raise
+        if len(handles) == 1:
+            return handles[0]
+        return instances.GroupHandle(handles, [i.host for i in local])
+
+    async def _start(
+        self, argv: tuple[str, ...], env: dict[str, str], log_path: Path, cwd: Path
+    ) -> ProcessHandle:
+        env = {**os.environ, **env} if self._inherit_env else env
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(log_path, "ab") as log:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     env=env,
-                    cwd=spec.cwd,
+                    cwd=cwd,
                     start_new_session=True,
                 )
         except FileNotFoundError:
@@ -184,10 +218,43 @@ class ProcessRuntime:
     def adopt(self, record: AdoptRecord) -> AttemptHandle | None:
         if record.runtime != self.name or record.pid is None or record.pgid is None:
             return None
-        leader_ok = procs.pid_alive(record.pid, record.start_time)
-        if not leader_ok and (procs.pid_alive(record.pid) or not procs.group_alive(record.pgid)):
+        if len(record.members) > 1:
+            return self._adopt_group(record)
+        return self._adopt_one(record.pid, record.pgid, record.start_time)
+
+    def _adopt_one(self, pid: int, pgid: int, start_time: int | None) -> ProcessHandle | None:
+        leader_ok = procs.pid_alive(pid, start_time)
+        if not leader_ok and (procs.pid_alive(pid) or not procs.group_alive(pgid)):
             return None  # the pid was reused by someone else, or the group is gone
-        return ProcessHandle(record.pid, None, record.start_time, self._poll)
+        return ProcessHandle(pid, None, start_time, self._poll)
+
+    def _adopt_group(self, record: AdoptRecord) -> AttemptHandle | None:
+        from gpuquota.node_agent import instances
+
+        members = [self._adopt_one(pid, pid, started) for pid, started in record.members]
+        alive = [m for m in members if m is not None]
+        if not alive:
+            return None
+        # a member gone at restart ended with an unknown status: the group fails and stops the others
+        handles: list[AttemptHandle] = [m or _Gone() for m in members]
+        return instances.GroupHandle(handles, [instances.host_name(r) for r in range(len(members))])
+
+
+class _Gone:
+    """An instance that had already ended when the agent restarted (exit status unknown)."""
+
+    pid: int | None = None
+    pgid: int | None = None
+    start_time: int | None = None
+
+    async def wait(self) -> Outcome:
+        return Outcome(exit_code=None, reason="exit status unknown (ended while the node agent was down)")
+
+    async def stop(self, grace: float, trace: Trace) -> None:
+        return None
+
+    async def reap(self) -> None:
+        return None
 
 
 # ----- simulated runtime ---------------------------------------------------------------------------
@@ -245,9 +312,15 @@ class SimulatedRuntime:
 
 
 def describe(record: dict[str, Any]) -> AdoptRecord:
+    raw = record.get("command")
+    command: dict[str, Any] = raw if isinstance(raw, dict) else {}
     return AdoptRecord(
         runtime=str(record.get("runtime", "")),
         pid=record.get("pid"),
         pgid=record.get("pgid"),
         start_time=record.get("start_time"),
+        node_id=str(command.get("node_id", "")),
+        job_id=str(command.get("job_id", "")),
+        attempt_id=str(command.get("attempt_id", "")),
+        members=tuple((int(m[0]), m[1]) for m in record.get("members") or () if m and m[0] is not None),
     )

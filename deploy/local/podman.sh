@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The container engine of the `container` runtime (docs/runtimes.md), from Debian's packages.
+#
+#   deploy/local/podman.sh install   apt-get install podman, runc and busybox-static when one is missing
+#                                    (as root; otherwise a warning; a no-op when everything is there, or
+#                                    when docker is installed and GPUQUOTA_CONTAINER_ENGINE=docker)
+#   deploy/local/podman.sh check     exit 0 when podman or docker is installed, print which
+#
+# busybox-static is what the tests put in their locally built training image (no registry is reached);
+# netavark and aardvark-dns give a multi-instance attempt's network its DNS (host names algo-1, ...).
+# runc: crun, podman's default OCI runtime in Debian 12, refuses hosts whose cgroup controllers sit on
+# both hierarchies ("hybrid mode"); the container runtime uses runc when it is installed.
+set -euo pipefail
+
+log() { echo "podman.sh: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+missing() {
+  local need=()
+  command -v podman >/dev/null 2>&1 || need+=(podman)
+  command -v runc >/dev/null 2>&1 || need+=(runc)
+  # the image is FROM scratch: Debian's dynamically linked busybox package would not run in it
+  dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+  # multi-instance containers resolve each other by name through netavark's DNS server
+  [ -x /usr/lib/podman/netavark ] || need+=(netavark)
+  [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
+  echo "${need[@]}"
+}
+
+install() {
+  if [ "${GPUQUOTA_CONTAINER_ENGINE:-}" = docker ] && command -v docker >/dev/null 2>&1; then
+    return 0
+  fi
+  local need
+  need="$(missing)"
+  [ -z "$need" ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    # not fatal: only --runtime container and its tests need them (the tests fail, saying so)
+    log "WARNING: missing $need and we are not root: sudo apt-get install -y $need"
+    return 0
+  fi
+  log "installing Debian's $need (apt-get)"
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  {
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
+  } >&2 || die "apt-get install $need failed"
+  log "apt-get install took $((SECONDS - t0))s"
+}
+
+check() {
+  command -v podman >/dev/null 2>&1 || command -v docker >/dev/null 2>&1 || die "no podman or docker"
+  log "engine: $(command -v podman || command -v docker)"
+}
+
+case "${1:-}" in
+  install) install ;;
+  check) check ;;
+  *) echo "usage: $0 install|check" >&2; exit 2 ;;
+esac
