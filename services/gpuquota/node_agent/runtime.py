@@ -1,11 +1,22 @@
-"""How attempts run: the :class:`Runtime` protocol, the ``process`` and ``simulated`` runtimes (I3)."""
+"""How attempts run: the :class:`Runtime` protocol, the ``process`` and ``simulated`` runtimes (I3).
+
+Recovery seam: the agent records each attempt (``AdoptRecord``) before it launches it. A restarted agent
+calls ``Runtime.adopt(record)``, which returns a handle on the attempt if it still runs, a handle that
+has already ended (its ``wait`` gives the real outcome) if it ended while no agent watched, or None
+when nothing is known of it (the scheduler then requeues it as lost). The process runtime records the
+outcome in ``LaunchSpec.exit_path`` through ``exit_wrapper.py``; another runtime may use its own record
+(a container's exit code, say) the same way.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +42,8 @@ class LaunchSpec:
     """Variables the agent adds (GPUs, job id, checkpoint dir, hyperparameters, ``Environment``)."""
     log_path: Path
     cwd: Path
+    exit_path: Path | None = None
+    """Where the runtime records how the attempt ended, for a restarted agent (None: nowhere)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class AdoptRecord:
     pid: int | None
     pgid: int | None
     start_time: int | None
+    exit_path: str | None = None
+    """``LaunchSpec.exit_path`` of the attempt."""
 
 
 class AttemptHandle(Protocol):
@@ -94,22 +109,24 @@ class ProcessHandle:
         proc: asyncio.subprocess.Process | None = None,
         start_time: int | None = None,
         poll_seconds: float = 0.05,
+        exit_path: str | None = None,
     ) -> None:
         self.pid: int | None = pid
         self.pgid: int | None = pid  # start_new_session: the child leads its own group
         self.start_time = start_time
         self._proc = proc
         self._poll = poll_seconds
+        self._exit_path = exit_path
 
     async def wait(self) -> Outcome:
         assert self.pid is not None and self.pgid is not None
         if self._proc is not None:
             rc = await self._proc.wait()
             return Outcome(exit_code=None, signal=-rc) if rc < 0 else Outcome(exit_code=rc)
-        # adopted: not our child, so no exit status; wait for the whole group to go
+        # adopted: not our child; wait for the whole group to go, then read what the wrapper wrote
         while procs.group_alive(self.pgid):
             await asyncio.sleep(self._poll)
-        return Outcome(exit_code=None, reason="exit status unknown")
+        return read_exit(self._exit_path) or Outcome(exit_code=None, reason="exit status unknown")
 
     async def _gone(self, deadline: float | None) -> bool:
         assert self.pgid is not None
@@ -144,8 +161,59 @@ class ProcessHandle:
             await self._proc.wait()
 
 
+@dataclass
+class EndedHandle:
+    """An attempt that ended while no agent watched it: ``wait`` gives its recorded outcome."""
+
+    outcome: Outcome
+    pid: int | None = None
+    pgid: int | None = None
+    start_time: int | None = None
+
+    async def wait(self) -> Outcome:
+        return self.outcome
+
+    async def stop(self, grace: float, trace: Trace) -> None:
+        return None
+
+    async def reap(self) -> None:
+        return None
+
+
+def read_exit(path: str | Path | None) -> Outcome | None:
+    """The outcome ``exit_wrapper.py`` recorded at ``path``; None if there is none (or it is unreadable)."""
+    if path is None:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("signal"), int):
+        return Outcome(exit_code=None, signal=doc["signal"])
+    if isinstance(doc, dict) and isinstance(doc.get("exit_code"), int):
+        return Outcome(exit_code=doc["exit_code"])
+    return None
+
+
+WRAPPER = Path(__file__).with_name("exit_wrapper.py")
+
+
+def _check_command(argv: tuple[str, ...] | list[str], env: dict[str, str], cwd: Path) -> None:
+    """The launch errors a direct exec would raise, checked before the wrapper starts."""
+    program = argv[0]
+    if os.sep in program:
+        path = Path(program) if os.path.isabs(program) else cwd / program
+        if not path.exists():
+            raise LaunchError(f"Cannot start the attempt: command not found: {program}")
+        if not os.access(path, os.X_OK) or path.is_dir():
+            raise LaunchError(f"Cannot start the attempt: permission denied: {program}")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise LaunchError(f"Cannot start the attempt: command not found: {program}")
+
+
 class ProcessRuntime:
-    """Runs the payload's command as a local process in its own process group (session)."""
+    """Runs the payload's command as a local process in its own process group (session), through
+    ``exit_wrapper.py`` when the spec has an ``exit_path``."""
 
     name = "process"
 
@@ -162,6 +230,10 @@ class ProcessRuntime:
             )
         env = {**os.environ, **spec.env} if self._inherit_env else dict(spec.env)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if spec.exit_path is not None:
+            _check_command(argv, env, spec.cwd)
+            spec.exit_path.parent.mkdir(parents=True, exist_ok=True)
+            argv = [sys.executable, "-I", "-S", str(WRAPPER), str(spec.exit_path), *argv]
         try:
             with open(spec.log_path, "ab") as log:
                 proc = await asyncio.create_subprocess_exec(
@@ -179,15 +251,34 @@ class ProcessRuntime:
             raise LaunchError(f"Cannot start the attempt: permission denied: {argv[0]}") from None
         except OSError as exc:
             raise LaunchError(f"Cannot start the attempt: {argv[0]}: {exc.strerror or exc}") from None
-        return ProcessHandle(proc.pid, proc, procs.start_time(proc.pid), self._poll)
+        exit_path = None if spec.exit_path is None else str(spec.exit_path)
+        return ProcessHandle(proc.pid, proc, procs.start_time(proc.pid), self._poll, exit_path)
 
     def adopt(self, record: AdoptRecord) -> AttemptHandle | None:
-        if record.runtime != self.name or record.pid is None or record.pgid is None:
+        if record.runtime != self.name:
             return None
-        leader_ok = procs.pid_alive(record.pid, record.start_time)
-        if not leader_ok and (procs.pid_alive(record.pid) or not procs.group_alive(record.pgid)):
-            return None  # the pid was reused by someone else, or the group is gone
-        return ProcessHandle(record.pid, None, record.start_time, self._poll)
+        pid, start_time = record.pid, record.start_time
+        if pid is None and record.exit_path is not None:
+            pid = _wrapper_pid(record.exit_path)  # the agent died between the launch and its record
+            start_time = None if pid is None else procs.start_time(pid)
+        if pid is not None and self._still_runs(pid, start_time):
+            return ProcessHandle(pid, None, start_time, self._poll, record.exit_path)
+        outcome = read_exit(record.exit_path)
+        return None if outcome is None else EndedHandle(outcome)
+
+    @staticmethod
+    def _still_runs(pid: int, start_time: int | None) -> bool:
+        """The group led by ``pid`` still runs (and ``pid`` was not reused by someone else)."""
+        if procs.pid_alive(pid, start_time):
+            return True
+        return not procs.pid_alive(pid) and procs.group_alive(pid)
+
+
+def _wrapper_pid(exit_path: str) -> int | None:
+    try:
+        return int(Path(f"{exit_path}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 # ----- simulated runtime ---------------------------------------------------------------------------
@@ -250,4 +341,5 @@ def describe(record: dict[str, Any]) -> AdoptRecord:
         pid=record.get("pid"),
         pgid=record.get("pgid"),
         start_time=record.get("start_time"),
+        exit_path=record.get("exit_path"),
     )
