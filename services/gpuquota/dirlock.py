@@ -16,8 +16,8 @@ from pathlib import Path
 LOCK_FILE = "LOCK"
 
 
-class DirectoryInUse(RuntimeError):
-    """Another process holds the directory's lock."""
+class DirectoryInUse(OSError):
+    """Another process holds the directory's lock (an ``OSError``: the commands report it as such)."""
 
 
 class DirectoryLock:

@@ -27,6 +27,7 @@ from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
 from gpuquota.core import explain
+from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
@@ -185,6 +186,7 @@ class DistributedStack:
         auth: Keyring | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
+        self.lock = DirectoryLock(data_dir)
         self.scheduler = SchedulerService(
             SchedulerConfig(
                 kafka=kafka,
@@ -220,6 +222,7 @@ class DistributedStack:
         return self.gateway.url
 
     async def start(self) -> None:
+        self.lock.acquire()  # DirectoryInUse: another stack uses this data dir
         await self.scheduler.start()
         await self.gateway.start()
         for agent in self.agents:
@@ -230,6 +233,7 @@ class DistributedStack:
         for agent in self.agents:
             await agent.stop()
         await self.scheduler.stop()
+        self.lock.release()
 
 
 # ----- process entry points -----------------------------------------------------------------------

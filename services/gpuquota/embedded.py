@@ -22,6 +22,7 @@ from aiohttp import web
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
 from gpuquota.core.explain import explain
+from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.node_agent import NodeAgent, discover_slots, make_runtime
@@ -75,7 +76,9 @@ class EmbeddedStack:
         arns: ArnFactory | None = None,
         auth: Keyring | None = None,
     ) -> None:
-        self.data_dir = None if data_dir is None else Path(data_dir)
+        # absolute: the jobs' directories derive from it, and a job's working directory is elsewhere
+        self.data_dir = None if data_dir is None else Path(data_dir).absolute()
+        self.lock = None if self.data_dir is None else DirectoryLock(self.data_dir)
         self.host = host
         self.port = port
         self.nodes = nodes
@@ -96,6 +99,8 @@ class EmbeddedStack:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
+        if self.lock is not None:
+            self.lock.acquire()  # DirectoryInUse: another stack writes this log
         self.store = await open_store(self.data_dir)
         shell = self.shell = SchedulerShell(
             self.store,
@@ -121,7 +126,7 @@ class EmbeddedStack:
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
         runtime = make_runtime(self.runtime)
-        work_root = (self.data_dir or Path(".gpuquota")) / "nodes"
+        work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         for node_id, slots in node_slots(self.nodes):
             agent = NodeAgent(
                 node_id,
@@ -155,6 +160,8 @@ class EmbeddedStack:
         if self.store is not None:
             await self.store.close()
             self.store = None
+        if self.lock is not None:
+            self.lock.release()
 
 
 # ----- ``gpuquota up`` ----------------------------------------------------------------------------
@@ -217,7 +224,7 @@ def _run_distributed(
             port=port,
             nodes=node_slots(args.nodes),
             runtime=make_runtime(args.runtime),
-            data_dir=Path(args.data_dir),
+            data_dir=Path(args.data_dir).absolute(),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
             auth=auth,

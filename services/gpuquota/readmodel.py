@@ -216,6 +216,8 @@ class ReadModel:
         job.status = JobStatus.RUNNABLE
         job.runnable_since = e.occurred_at
         self._enqueue(job)
+        if e.job.client_token is not None:
+            self.client_tokens[e.job.client_token] = (e.job.request_digest, e.job.job_id)
 
     def _enqueue(self, job: JobView) -> None:
         queue = self.runnable.get(job.share)

@@ -639,8 +639,7 @@ class Gateway:
             if (seen := self.rm.client_tokens.get(token)) is not None:
                 if seen[0] != fingerprint:
                     raise ClientException("clientToken was already used with a different request")
-                job = self.rm.jobs.get(seen[1])
-                if job is not None:
+                if (job := self.rm.jobs.get(seen[1])) is not None:
                     return self._job_ref(job)
         spec = self._build(
             JobSpec,
@@ -658,6 +657,8 @@ class Gateway:
             attempt_duration_seconds=duration,
             payload=payload,
             tags=tags,
+            client_token=token,
+            request_digest=fingerprint,
         )
         message = self.make(inp.SubmitJob, job=spec)
         job = self.rm.pending_job(spec, message.event_id)
