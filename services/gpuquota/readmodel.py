@@ -330,6 +330,11 @@ class ReadModel:
         )
         del job.preemptions[RECENT_PREEMPTIONS:]
 
+    def _on_JobTagsChanged(self, e: ev.JobTagsChanged) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None:
+            job.tags = dict(e.tags)
+
     def _on_JobPriorityChanged(self, e: ev.JobPriorityChanged) -> None:
         job = self.jobs[e.job_id]
         if job.status is JobStatus.RUNNABLE:

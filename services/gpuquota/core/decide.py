@@ -349,6 +349,13 @@ def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
     return False
 
 
+@_handles(inp.TagJob)
+def _tag_job(ctx: Context, m: inp.TagJob) -> bool:
+    # the gateway checked that the job exists; a finished job has left the core's state, not the log
+    ctx.emit(ev.JobTagsChanged, job_id=m.job_id, tags=m.tags)
+    return False
+
+
 # ----- nodes and time --------------------------------------------------------------------------
 
 

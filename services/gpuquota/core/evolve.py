@@ -299,6 +299,11 @@ def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
             _add_victim(state, job)
 
 
+@_handles(ev.JobTagsChanged)
+def _tags(state: ClusterState, event: ev.JobTagsChanged) -> None:
+    """Tags do not take part in scheduling: only the read model keeps them."""
+
+
 @_handles(ev.PreemptionHoldReleased)
 def _hold_released(state: ClusterState, event: ev.PreemptionHoldReleased) -> None:
     state.dict_pop(state.holds, event.job_id)

@@ -780,7 +780,7 @@ class Gateway:
         kind, target = self._tagged(arn)
         if isinstance(target, JobView):
             target.tags = check_tags(change(dict(target.tags)))
-            return
+            return await self._send(self.make(inp.TagJob, job_id=target.spec.job_id, tags=target.tags))
         view: ResourceView[Any] = target
         spec = view.spec.model_copy(update={"tags": check_tags(change(dict(view.spec.tags)))})
         if kind == "service-environment":

@@ -117,6 +117,14 @@ class NodeAttempt(Frozen):
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
 
 
+class TagJob(Message):
+    """TagResource or UntagResource on a job: its whole new tag map (the log keeps the job's tags)."""
+
+    type: Literal["TagJob"] = "TagJob"
+    job_id: str
+    tags: dict[str, str]
+
+
 class RegisterNode(Message):
     type: Literal["RegisterNode"] = "RegisterNode"
     node_id: Annotated[str, Field(min_length=1, max_length=256)]
@@ -178,6 +186,7 @@ SchedulerInput = Annotated[
     | SubmitJob
     | UpdateJobPriority
     | TerminateJob
+    | TagJob
     | RegisterNode
     | NodeHeartbeat
     | DrainNode
