@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,9 @@ class Up:
 class Client:
     """Submits ``count`` jobs in a thread, each with its own clientToken, through crashes and restarts."""
 
-    def __init__(self, up: Up, count: int, ticks: list[int]) -> None:
-        self.up = up
+    def __init__(self, url: Callable[[], str], root: Path, count: int, ticks: list[int]) -> None:
+        self.url = url
+        self.root = root
         self.count = count
         self.ticks = ticks
         self.acknowledged: dict[str, str] = {}
@@ -138,7 +140,7 @@ class Client:
         try:
             for index in range(self.count):
                 token = f"t{index}"
-                payload = job_payload(self.up.root, self.ticks[index % len(self.ticks)])
+                payload = job_payload(self.root, self.ticks[index % len(self.ticks)])
                 self.acknowledged[token] = self._submit(token, payload)
         except BaseException as exc:
             self.error = exc
@@ -148,7 +150,7 @@ class Client:
     def _submit(self, token: str, payload: str) -> str:
         deadline = time.monotonic() + 120
         while True:
-            url = self.up.url
+            url = self.url()
             try:
                 batch = batch_client(url)
                 try:
@@ -200,17 +202,17 @@ def statuses(url: str, job_ids: list[str]) -> dict[str, str]:
     return found
 
 
-async def settle(up: Up, job_ids: list[str], timeout: float) -> None:
+async def settle(url: str, job_ids: list[str], timeout: float, logs: Callable[[], str]) -> None:
     """Waits until every job is SUCCEEDED or FAILED (polls the gateway)."""
     pending = list(job_ids)
     deadline = time.monotonic() + timeout
     while pending:
-        found = await asyncio.to_thread(statuses, up.url, pending[:200])
+        found = await asyncio.to_thread(statuses, url, pending[:200])
         pending = [j for j in pending if found.get(j, "") not in ("SUCCEEDED", "FAILED")]
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"{len(pending)} jobs not terminal, e.g. {pending[:3]}:\n{up.logs()}")
+            raise AssertionError(f"{len(pending)} jobs not terminal, e.g. {pending[:3]}:\n{logs()}")
         await asyncio.sleep(0.5)  # polling interval
 
 

@@ -12,12 +12,16 @@ import asyncio
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from gpuquota.adapters.event_store import EventStore
+from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
+from gpuquota.adapters.postgres_store import PostgresEventStore
 from gpuquota.adapters.sqlite_store import SqliteEventStore
 from gpuquota.embedded import STORE_FILE
 from tests.e2e.faults import Client, Figures, Up, check, kill_leftovers, settle, setup_queue, statuses
@@ -39,23 +43,51 @@ async def up(tmp_path: Path) -> AsyncIterator[Up]:
         kill_leftovers(tmp_path)
 
 
+@pytest_asyncio.fixture(params=["embedded", pytest.param("distributed", marks=pytest.mark.integration)])
+async def any_up(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Up]:
+    """``gpuquota up`` in either mode (distributed: the real Kafka and PostgreSQL, a fresh pool)."""
+    extra: list[str] = []
+    env: dict[str, str] = {}
+    if request.param == "distributed":
+        kafka = request.getfixturevalue("kafka_bootstrap")
+        database_url = request.getfixturevalue("database_url")
+        run = uuid.uuid4().hex[:10]
+        topics = KafkaTopics(f"f{run}.")
+        await ensure_topics(kafka, topics, partitions=2)
+        extra = ["--kafka", kafka, "--database-url", database_url]
+        env = {"GPUQUOTA_TOPIC_PREFIX": topics.prefix, "GPUQUOTA_POOL": f"p-{run}"}
+    made = Up(tmp_path, f"ml.g5.xlarge={SLOTS}", extra, env)
+    try:
+        yield made
+    finally:
+        if made.process is not None and made.process.alive:
+            await made.stop()
+        kill_leftovers(tmp_path)
+
+
 async def checked(up: Up, acknowledged: dict[str, str]) -> Figures:
     """Stops the stack (SIGTERM) and checks its log."""
     assert await up.stop() == 0
-    store = await SqliteEventStore.open(up.root / "data" / STORE_FILE)
+    if "--database-url" in up.extra:
+        database_url = up.extra[up.extra.index("--database-url") + 1]
+        store: EventStore = await PostgresEventStore.connect(database_url)
+        pool = up.env["GPUQUOTA_POOL"]
+    else:
+        store, pool = await SqliteEventStore.open(up.root / "data" / STORE_FILE), "default"
     try:
-        return await check(store, "default", up.root, acknowledged)
+        return await check(store, pool, up.root, acknowledged)
     finally:
         await store.close()
 
 
-async def test_kill_9_of_gpuquota_up_during_many_short_jobs(up: Up) -> None:
+async def test_kill_9_of_gpuquota_up_during_many_short_jobs(any_up: Up) -> None:
+    up = any_up
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     print(f"seed {seed}")
     await up.start()
     await asyncio.to_thread(setup_queue, up.url, SLOTS)
-    client = Client(up, JOBS, ticks=[0, 1, 2, 4])
+    client = Client(lambda: up.url, up.root, JOBS, ticks=[0, 1, 2, 4])
     client.start()
     figures = Figures()
     for _ in range(3):
@@ -65,17 +97,20 @@ async def test_kill_9_of_gpuquota_up_during_many_short_jobs(up: Up) -> None:
         await up.start()
         figures.recovery_seconds.append(time.monotonic() - killed)
     await client.wait(timeout=300)
-    await settle(up, list(client.acknowledged.values()), timeout=180)
+    await settle(up.url, list(client.acknowledged.values()), 180, up.logs)
     found = await checked(up, client.acknowledged)
     found.recovery_seconds = figures.recovery_seconds
-    print(found.line("kill -9 of gpuquota up"))
+    mode = "distributed" if up.extra else "embedded"
+    print(found.line(f"kill -9 of gpuquota up ({mode})"))
 
 
 async def test_sigterm_restarts_keep_running_jobs(up: Up) -> None:
     """A clean restart adopts the running jobs: they end SUCCEEDED by their real exit code, once."""
     await up.start()
     await asyncio.to_thread(setup_queue, up.url, SLOTS)
-    client = Client(up, 24, ticks=[20, 30])  # 1 to 1.5 s each: running across the restarts
+    client = Client(
+        lambda: up.url, up.root, 24, ticks=[20, 30]
+    )  # 1 to 1.5 s each: running across the restarts
     client.start()
     figures = Figures()
     await client.wait(timeout=120)
@@ -86,7 +121,7 @@ async def test_sigterm_restarts_keep_running_jobs(up: Up) -> None:
         await up.start()
         figures.recovery_seconds.append(time.monotonic() - stopped)
     jobs = list(client.acknowledged.values())
-    await settle(up, jobs, timeout=180)
+    await settle(up.url, jobs, 180, up.logs)
     found = await checked(up, client.acknowledged)
     found.recovery_seconds = figures.recovery_seconds
     print(found.line("SIGTERM restarts of gpuquota up"))
@@ -95,7 +130,7 @@ async def test_sigterm_restarts_keep_running_jobs(up: Up) -> None:
 async def test_a_node_back_with_fewer_slots_keeps_the_attempts_that_fit(up: Up) -> None:
     await up.start()
     await asyncio.to_thread(setup_queue, up.url, SLOTS)
-    client = Client(up, SLOTS, ticks=[100_000])  # they run until released
+    client = Client(lambda: up.url, up.root, SLOTS, ticks=[100_000])  # they run until released
     client.start()
     await client.wait(timeout=60)
     jobs = list(client.acknowledged.values())
@@ -120,7 +155,7 @@ async def test_a_node_back_with_fewer_slots_keeps_the_attempts_that_fit(up: Up) 
         assert time.monotonic() < deadline, f"{found}\n{up.logs()}"
         await asyncio.sleep(0.2)  # polling interval
     (up.root / "release").write_text("now")
-    await settle(up, jobs, timeout=120)
+    await settle(up.url, jobs, 120, up.logs)
     found_figures = await checked(up, client.acknowledged)
     found_figures.recovery_seconds = [recovery]
     print(found_figures.line("re-registration with fewer slots"))
