@@ -8,9 +8,9 @@ processes survive or die), restart them (with the same or fewer slots), heartbea
 
 After every step, S7.1 holds: every slot is used at most once and the free lists and pool counters
 agree with the placements. At teardown, once every agent is up again and has registered and
-heartbeated with what it really runs: every attempt the log assigns to a node runs there (no slot
+heartbeated with what it really runs and delivered its reports: every attempt the log assigns to a node runs there (no slot
 stays used by an attempt no node runs), no node runs an attempt the log does not assign to it, every
-attempt id was dispatched at most once, and every job that finished with exit code 0 is SUCCEEDED.
+attempt id was dispatched at most once, and every job whose assigned attempt exited 0 is SUCCEEDED.
 """
 
 from __future__ import annotations
@@ -57,13 +57,20 @@ class World(Harness):
         super().__init__(heartbeat_timeout_ms=30_000)
         self.agents = {n: Agent() for n in NODES}
         self.dispatched: Counter[str] = Counter()
-        self.exited_zero: set[str] = set()
+        self.exited_zero: dict[str, str] = {}
+        """Job id -> node of an attempt the log assigned when it exited 0."""
 
     def after_event(self, event: ev.SchedulerEvent) -> None:
         if isinstance(event, ev.JobDispatched):
             self.dispatched[event.attempt_id] += 1
             for placement in event.placements:
                 self.agents[placement.node_id].inbox.append((event.job_id, event.attempt_id))
+        elif isinstance(event, ev.NodeLost):
+            # S5.7: a lost node's attempts are requeued; an exit its agent had not reported yet is void
+            succeeded = {e.job_id for e in self.events if isinstance(e, ev.JobSucceeded)}
+            for job_id, node_id in list(self.exited_zero.items()):
+                if node_id == event.node_id and job_id not in succeeded:
+                    del self.exited_zero[job_id]
         elif isinstance(event, ev.AttemptFenced):
             agent = self.agents[event.node_id]
             if agent.up and event.attempt_id in agent.attempts:
@@ -112,8 +119,14 @@ class ReconcileMachine(RuleBasedStateMachine):
         self.w.feed(inp.NodeHeartbeat, node_id=node_id, attempts=agent.known())
         if self.w.last and isinstance(self.w.last[0], ev.InputRejected):
             self._register(node_id, SLOTS)  # RegisterAgain
-        else:
-            self._acknowledged(agent)
+
+    def _flush(self, node_id: str) -> None:
+        """The agent's outbox delivers the final reports it still holds; then it forgets them."""
+        agent = self.agents_of(node_id)
+        for attempt in agent.known():
+            if attempt.status in OVER:
+                self._report(node_id, attempt)
+                del agent.attempts[attempt.attempt_id]
 
     def agents_of(self, node_id: str) -> Agent:
         return self.w.agents[node_id]
@@ -153,8 +166,10 @@ class ReconcileMachine(RuleBasedStateMachine):
         exit_code = None if status == "RUNNING" else (0 if status == "SUCCEEDED" else 1)
         attempt = attempt.model_copy(update={"status": status, "exit_code": exit_code})
         agent.attempts[attempt.attempt_id] = attempt
-        if exit_code == 0:
-            self.w.exited_zero.add(attempt.job_id)
+        record = self.w.state.jobs.get(attempt.job_id)
+        if exit_code == 0 and record is not None and record.attempt_id == attempt.attempt_id:
+            if len(record.placements) == 1:  # a gang with a lost member is requeued: S5.7
+                self.w.exited_zero[attempt.job_id] = node_id  # an attempt the log assigns exited 0
         if not swallowed:
             self._report(node_id, attempt)
             if status in OVER:
@@ -179,6 +194,11 @@ class ReconcileMachine(RuleBasedStateMachine):
         if self.agents_of(node_id).up:
             self._heartbeat(node_id)
 
+    @rule(node_id=st.sampled_from(NODES))
+    def flush(self, node_id: str) -> None:
+        if self.agents_of(node_id).up:
+            self._flush(node_id)
+
     @rule()
     def time_passes(self) -> None:
         for node_id in NODES:
@@ -202,6 +222,7 @@ class ReconcileMachine(RuleBasedStateMachine):
             for node_id in NODES:
                 self.deliver(node_id, swallowed=True)
                 self._heartbeat(node_id)
+                self._flush(node_id)
                 self._register(node_id, SLOTS)
         check_slots(w.state)
         for record in w.state.jobs.values():
@@ -245,9 +266,39 @@ def check_slots(state: ClusterState) -> None:
 
 
 ReconcileMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestReconcile = ReconcileMachine.TestCase
+
+
+def test_an_exit_0_whose_report_a_crash_swallowed_succeeds_at_the_next_registration() -> None:
+    machine = ReconcileMachine()
+    machine.setup()
+    machine.submit(count=1, size=1)
+    (node_id,) = [n for n in NODES if machine.agents_of(n).inbox]
+    machine.deliver(node_id, swallowed=False)
+    machine.progress(node_id, pick=0, status="SUCCEEDED", swallowed=True)
+    machine.crash(node_id, processes_survive=False)
+    machine.restart(pick=0, slots=SLOTS)
+    assert any(isinstance(e, ev.JobSucceeded) for e in machine.w.last)
+    machine.teardown()
+
+
+def test_a_node_back_with_fewer_slots_keeps_the_attempts_that_fit() -> None:
+    machine = ReconcileMachine()
+    machine.setup()
+    machine.submit(count=4, size=1)
+    for node_id in NODES:
+        machine.deliver(node_id, swallowed=False)
+    machine.crash("n0", processes_survive=True)
+    machine.restart(pick=0, slots=1)
+    requeued = [e for e in machine.w.last if isinstance(e, ev.JobRequeued)]
+    fenced = [e for e in machine.w.last if isinstance(e, ev.AttemptFenced)]
+    held = [j for j in machine.w.state.jobs.values() if any(p.node_id == "n0" for p in j.placements)]
+    assert len(held) == 1 and held[0].placements[0].slots == (0,)
+    assert {e.attempt_id for e in requeued} == {e.attempt_id for e in fenced} and requeued
+    assert all(e.cause == "NODE_LOST" for e in requeued)
+    machine.teardown()

@@ -5,8 +5,10 @@ Reconciliation (docs/semantics.md, "Nodes and restarts"): a node agent's ``Regis
 not yet acknowledged). The log is the truth about what the scheduler *assigned*; the node is the truth
 about what *runs*. The core reconciles the two:
 
-1. An attempt the node reports as over, which the log still assigns to it: its outcome is applied as
-   if the final ``AttemptReport`` had arrived (the report that a crash swallowed).
+1. On registration, an attempt the log assigns to the node: the node's status of it is applied as if
+   its ``AttemptReport`` had arrived (the report that a crash swallowed: its outcome, if it ended).
+   Heartbeats apply nothing: they bypass the agent's ordered outbox, so the reports they would
+   overtake follow them (a late STARTING would be fenced).
 2. An attempt the node runs, which the log does not assign to it: fenced (``AttemptFenced``, which the
    shells turn into a ``StopAttempt``).
 3. An attempt the log assigns to the node, which the node does not report: lost, requeued as by S5.7
@@ -36,7 +38,7 @@ _REPORTED = ("STARTING", "RUNNING")
 
 def register(ctx: Context, m: inp.RegisterNode) -> bool:
     if m.attempts is not None:
-        _reconcile(ctx, m, m.attempts, all_assigned=True)
+        _reconcile(ctx, m, m.attempts, registration=True)
     for job in jobs_on_node(ctx.state, m.node_id):
         if not _slots_kept(ctx.state, job, m.node_id, m.slots):
             reason = f"Node {m.node_id} registered again without the slots of attempt {job.attempt_id}"
@@ -60,7 +62,7 @@ def heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
         return reject(ctx, m, f"Node {m.node_id} is not registered; register it again", node_id=m.node_id)
     changed = False
     if m.attempts is not None:
-        changed = _reconcile(ctx, m, m.attempts, all_assigned=False)
+        changed = _reconcile(ctx, m, m.attempts, registration=False)
     # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
     if m.occurred_at - node.last_heartbeat >= heartbeat_granularity(ctx.state):
         ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)
@@ -72,7 +74,7 @@ def _reconcile(
     m: inp.RegisterNode | inp.NodeHeartbeat,
     attempts: tuple[NodeAttempt, ...],
     *,
-    all_assigned: bool,
+    registration: bool,
 ) -> bool:
     """Steps 1 to 3 of the module doc; True when a job's attempt ended (capacity was freed)."""
     state, node_id = ctx.state, m.node_id
@@ -81,7 +83,8 @@ def _reconcile(
         job = state.jobs.get(attempt.job_id)
         assigned = job is not None and job.attempt_id == attempt.attempt_id and _placed_on(job, node_id)
         if assigned:
-            changed |= apply_report(ctx, _as_report(m, attempt)) and attempt.status in _OVER
+            if registration:
+                changed |= apply_report(ctx, _as_report(m, attempt)) and attempt.status in _OVER
         elif attempt.status not in _OVER:
             ctx.emit(
                 ev.AttemptFenced,
@@ -92,7 +95,7 @@ def _reconcile(
             )
     known = {a.attempt_id for a in attempts}
     for job in jobs_on_node(state, node_id):
-        if job.attempt_id in known or not (all_assigned or job.status.value in _REPORTED):
+        if job.attempt_id in known or not (registration or job.status.value in _REPORTED):
             continue
         _lose_attempt(ctx, job, node_id, f"Attempt {job.attempt_id} lost: node {node_id} does not run it")
         changed = True
