@@ -7,10 +7,11 @@ attempts start and finish with their reports delivered or swallowed by a crash, 
 processes survive or die), restart them (with the same or fewer slots), heartbeat and let time pass.
 
 After every step, S7.1 holds: every slot is used at most once and the free lists and pool counters
-agree with the placements. At teardown, once every agent is up again and has registered and
-heartbeated with what it really runs and delivered its reports: every attempt the log assigns to a node runs there (no slot
-stays used by an attempt no node runs), no node runs an attempt the log does not assign to it, every
-attempt id was dispatched at most once, and every job whose assigned attempt exited 0 is SUCCEEDED.
+agree with the placements. At teardown, once every agent is up again, has registered and heartbeated
+with what it really runs and delivered its reports: every attempt the log assigns to a node runs
+there (no slot stays used by an attempt no node runs), no node runs an attempt the log does not
+assign to it, every attempt id was dispatched at most once, and every one-node job whose assigned
+attempt exited 0 (its node not lost before it reported) is SUCCEEDED.
 """
 
 from __future__ import annotations
@@ -167,9 +168,10 @@ class ReconcileMachine(RuleBasedStateMachine):
         attempt = attempt.model_copy(update={"status": status, "exit_code": exit_code})
         agent.attempts[attempt.attempt_id] = attempt
         record = self.w.state.jobs.get(attempt.job_id)
-        if exit_code == 0 and record is not None and record.attempt_id == attempt.attempt_id:
-            if len(record.placements) == 1:  # a gang with a lost member is requeued: S5.7
-                self.w.exited_zero[attempt.job_id] = node_id  # an attempt the log assigns exited 0
+        assigned = record is not None and record.attempt_id == attempt.attempt_id
+        # (a gang with a lost member is requeued: S5.7)
+        if exit_code == 0 and assigned and record is not None and len(record.placements) == 1:
+            self.w.exited_zero[attempt.job_id] = node_id  # an attempt the log assigns exited 0
         if not swallowed:
             self._report(node_id, attempt)
             if status in OVER:
