@@ -49,7 +49,8 @@ def answers(batch: Any, job_ids: list[str]) -> dict[str, Any]:
         arns.append(job["jobArn"])
     for arn in arns:
         found[f"tags {arn}"] = batch.list_tags_for_resource(resourceArn=arn)
-    return _clean(found)
+    cleaned: dict[str, Any] = _clean(found)
+    return cleaned
 
 
 def test_every_answer_is_the_same_after_a_restart(make_stack: Callable[..., Stack]) -> None:

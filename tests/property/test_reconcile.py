@@ -233,9 +233,9 @@ class ReconcileMachine(RuleBasedStateMachine):
                 assert record.attempt_id in agent.attempts, f"{record.attempt_id} holds slots, runs nowhere"
         for node_id in NODES:
             for attempt in self.agents_of(node_id).known():
-                record = w.state.jobs.get(attempt.job_id)
+                known = w.state.jobs.get(attempt.job_id)
                 assert (
-                    record is not None and record.attempt_id == attempt.attempt_id
+                    known is not None and known.attempt_id == attempt.attempt_id
                 ), f"{node_id} runs {attempt.attempt_id}, which the log does not assign"
         assert all(n == 1 for n in w.dispatched.values()), "an attempt id was dispatched twice"
         succeeded = {e.job_id for e in w.events if isinstance(e, ev.JobSucceeded)}

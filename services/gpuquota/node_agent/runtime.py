@@ -198,7 +198,7 @@ def read_exit(path: str | Path | None) -> Outcome | None:
 WRAPPER = Path(__file__).with_name("exit_wrapper.py")
 
 
-def _check_command(argv: tuple[str, ...] | list[str], env: dict[str, str], cwd: Path) -> None:
+def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> None:
     """The launch errors a direct exec would raise, checked before the wrapper starts."""
     program = argv[0]
     if os.sep in program:
@@ -233,7 +233,7 @@ class ProcessRuntime:
         if spec.exit_path is not None:
             _check_command(argv, env, spec.cwd)
             spec.exit_path.parent.mkdir(parents=True, exist_ok=True)
-            argv = [sys.executable, "-I", "-S", str(WRAPPER), str(spec.exit_path), *argv]
+            argv = (sys.executable, "-I", "-S", str(WRAPPER), str(spec.exit_path), *argv)
         try:
             with open(spec.log_path, "ab") as log:
                 proc = await asyncio.create_subprocess_exec(
