@@ -1,4 +1,4 @@
-"""One node agent per work directory (issue #11): a second one refuses to start."""
+"""One node agent per work directory, and only absolute directories for jobs (issue #11)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpuquota.dirlock import DirectoryInUse, DirectoryLock
-from tests.node_agent.conftest import AgentFactory, Scheduler
+from gpuquota.node_agent import parse_slots
+from gpuquota.node_agent.prepare import prepare
+from tests.node_agent.conftest import NODE, AgentFactory, Scheduler, python_payload, run_cmd
 
 
 async def test_a_second_agent_on_the_same_work_dir_refuses_to_start(make_agent: AgentFactory) -> None:
@@ -34,3 +36,11 @@ def test_the_lock_is_released_by_its_holder_only(tmp_path: Path) -> None:
     lock.release()
     other.acquire()
     other.release()
+
+
+def test_every_directory_a_job_sees_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = prepare(run_cmd(python_payload("pass")), NODE, parse_slots("ml.g5.xlarge=1"), Path(".gpuquota/n"))
+    paths = [Path(spec.env["SM_CHECKPOINT_DIR"]), spec.cwd, spec.log_path, spec.exit_path]
+    assert all(p is not None and p.is_absolute() for p in paths), paths
+    assert Path(spec.env["SM_CHECKPOINT_DIR"]) == tmp_path / ".gpuquota/n/checkpoints/job-1"
