@@ -114,4 +114,8 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
         ready = f"gpuquota node-agent {settings.node_id} ready"
         return await serve(service.start, service.stop, ready)
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except OSError as exc:  # e.g. DirectoryInUse: another agent works in this directory
+        print(f"gpuquota node-agent: {exc}", file=sys.stderr)
+        return 1
