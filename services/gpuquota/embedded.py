@@ -111,7 +111,6 @@ class EmbeddedStack:
         folded = await shell.recover()
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route
-        await shell.start()
         self.gateway = Gateway(
             shell.read_model,
             EmbeddedCommandPort(shell),
@@ -140,6 +139,9 @@ class EmbeddedStack:
             )
             self.agents[node_id] = agent
             await agent.start()
+        # Ticks start once the agents' registrations are on their way: after a long downtime, the first
+        # tick would otherwise declare the nodes lost (S5.7) and their running attempts be requeued.
+        await shell.start()
 
     async def _route(self, command: NodeCommand) -> None:
         agent = self.agents.get(command.node_id)
