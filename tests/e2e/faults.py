@@ -67,6 +67,8 @@ class Figures:
     lost: int = 0
     duplicated: int = 0
     stuck: int = 0
+    requeued: int = 0
+    """Attempts requeued (lost: their node did not run them, or lost with their node)."""
     recovery_seconds: list[float] = field(default_factory=list)
 
     def line(self, name: str) -> str:
@@ -244,6 +246,7 @@ def check_events(events: list[SchedulerEvent], root: Path, acknowledged: dict[st
         lost=sum(1 for j in jobs if terminal[j] == 0),
         duplicated=sum(1 for t in acknowledged if per_token[t] != 1) + sum(1 for n in ran.values() if n > 1),
         stuck=0,
+        requeued=sum(1 for e in events if isinstance(e, ev.JobRequeued)),
     )
     assert all(per_token[t] == 1 for t in acknowledged), "a clientToken made more than one job"
     assert all(terminal[j] == 1 for j in jobs), "a job did not reach exactly one terminal state"

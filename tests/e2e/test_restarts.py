@@ -124,6 +124,7 @@ async def test_sigterm_restarts_keep_running_jobs(up: Up) -> None:
     await settle(up.url, jobs, 180, up.logs)
     found = await checked(up, client.acknowledged)
     found.recovery_seconds = figures.recovery_seconds
+    assert found.requeued == 0, "a clean restart requeued running jobs instead of adopting them"
     print(found.line("SIGTERM restarts of gpuquota up"))
 
 

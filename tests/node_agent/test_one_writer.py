@@ -8,17 +8,24 @@ from pathlib import Path
 import pytest
 
 from gpuquota.dirlock import DirectoryInUse, DirectoryLock
-from gpuquota.node_agent import parse_slots
+from gpuquota.node_agent import SimulatedRuntime, parse_slots
 from gpuquota.node_agent.prepare import prepare
-from tests.node_agent.conftest import NODE, AgentFactory, Scheduler, python_payload, run_cmd
+from tests.node_agent.conftest import NODE, AgentFactory, Scheduler, python_payload, run_cmd, wait_until
 
 
 async def test_a_second_agent_on_the_same_work_dir_refuses_to_start(make_agent: AgentFactory) -> None:
-    first = make_agent(Scheduler())
+    first = make_agent(Scheduler(), runtime=SimulatedRuntime())
     await first.start()
+    await first.deliver(
+        run_cmd(python_payload("pass", Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "3600"}))
+    )
+    await wait_until(lambda: "job-1-a1" in first.state_path.read_text(), what="the attempt's record")
     second = make_agent(Scheduler(), work_dir=first.work_dir)
     with pytest.raises(DirectoryInUse, match=f"data dir {first.work_dir} is in use by pid {os.getpid()}"):
         await second.start()
+    records = first.state_path.read_text()
+    await second.stop()  # as a service stops after a failed start: it leaves the first one's records alone
+    assert first.state_path.read_text() == records
     await first.stop()
     await second.start()  # the first one is gone: its lock went with it
     await second.stop()

@@ -174,7 +174,8 @@ class NodeAgent:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._save_state()
+        if self._started:  # never over the records of the agent whose lock made start() fail
+            self._save_state()
         self._started = False
         self.lock.release()
 
