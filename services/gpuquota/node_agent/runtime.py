@@ -65,6 +65,8 @@ class AdoptRecord:
     start_time: int | None
     exit_path: str | None = None
     """``LaunchSpec.exit_path`` of the attempt."""
+    attempt_id: str | None = None
+    """The attempt's id (a runtime may name what it started after it: a container, say)."""
 
 
 class AttemptHandle(Protocol):
@@ -342,4 +344,5 @@ def describe(record: dict[str, Any]) -> AdoptRecord:
         pgid=record.get("pgid"),
         start_time=record.get("start_time"),
         exit_path=record.get("exit_path"),
+        attempt_id=(record.get("command") or {}).get("attempt_id"),
     )
