@@ -476,6 +476,10 @@ class Do:
         return Step(f"set_priority({job_id},{priority})", lambda h: h.set_priority(job_id, priority))
 
     @staticmethod
+    def tag(job_id: str, **tags: str) -> Step:
+        return Step(f"tag({job_id})", lambda h: h.feed(inp.TagJob, job_id=job_id, tags=tags))
+
+    @staticmethod
     def starting(*job_ids: str) -> Step:
         return Step(f"starting{job_ids}", lambda h: [h.report(j, "STARTING") for j in job_ids])
 

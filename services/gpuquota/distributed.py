@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
+from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
@@ -219,6 +220,7 @@ class DistributedStack:
         auth: Keyring | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
+        self.lock = DirectoryLock(data_dir)
         self.scheduler = SchedulerService(
             SchedulerConfig(
                 kafka=kafka,
@@ -262,6 +264,7 @@ class DistributedStack:
         return self.gateway.url
 
     async def start(self) -> None:
+        self.lock.acquire()  # DirectoryInUse: another stack uses this data dir
         await self.scheduler.start()
         await self.gateway.start()
         for agent in self.agents:
@@ -272,6 +275,7 @@ class DistributedStack:
         for agent in self.agents:
             await agent.stop()
         await self.scheduler.stop()
+        self.lock.release()
 
 
 # ----- process entry points -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.arns import ArnFactory
+from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
@@ -84,7 +85,9 @@ class EmbeddedStack:
         arns: ArnFactory | None = None,
         auth: Keyring | None = None,
     ) -> None:
-        self.data_dir = None if data_dir is None else Path(data_dir)
+        # absolute: the jobs' directories derive from it, and a job's working directory is elsewhere
+        self.data_dir = None if data_dir is None else Path(data_dir).absolute()
+        self.lock = None if self.data_dir is None else DirectoryLock(self.data_dir)
         self.host = host
         self.port = port
         self.nodes = nodes
@@ -107,6 +110,8 @@ class EmbeddedStack:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
+        if self.lock is not None:
+            self.lock.acquire()  # DirectoryInUse: another stack writes this log
         runtime = make_runtime(self.runtime, self.container_engine)  # ValueError: no engine
         timings = Timings()
         self.store = TimedStore(await open_store(self.data_dir), timings)
@@ -120,7 +125,6 @@ class EmbeddedStack:
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route
         shell.on_step = timings.step.observe
-        await shell.start()
         gateway = self.gateway = Gateway(
             shell.read_model,
             EmbeddedCommandPort(shell),
@@ -131,7 +135,7 @@ class EmbeddedStack:
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
         install(gateway, self.registry, probes, lambda: shell.state)
-        work_root = (self.data_dir or Path(".gpuquota")) / "nodes"
+        work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
         NodeRoutes(self.gateway, local).install()
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)
@@ -153,6 +157,9 @@ class EmbeddedStack:
             )
             self.agents[node_id] = agent
             await agent.start()
+        # Ticks start once the agents' registrations are on their way: after a long downtime, the first
+        # tick would otherwise declare the nodes lost (S5.7) and their running attempts be requeued.
+        await shell.start()
 
     async def _route(self, command: NodeCommand) -> None:
         agent = self.agents.get(command.node_id)
@@ -173,6 +180,8 @@ class EmbeddedStack:
         if self.store is not None:
             await self.store.close()
             self.store = None
+        if self.lock is not None:
+            self.lock.release()
 
 
 # ----- ``gpuquota up`` ----------------------------------------------------------------------------
@@ -254,7 +263,7 @@ def _run_distributed(
             port=port,
             nodes=node_slots(args.nodes),
             runtime=make_runtime(args.runtime, args.container_engine),
-            data_dir=Path(args.data_dir),
+            data_dir=Path(args.data_dir).absolute(),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
             auth=auth,

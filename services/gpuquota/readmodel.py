@@ -224,6 +224,8 @@ class ReadModel:
         job.status = JobStatus.RUNNABLE
         job.runnable_since = e.occurred_at
         self._enqueue(job)
+        if e.job.client_token is not None:
+            self.client_tokens[e.job.client_token] = (e.job.request_digest, e.job.job_id)
 
     def _enqueue(self, job: JobView) -> None:
         queue = self.runnable.get(job.share)
@@ -335,6 +337,11 @@ class ReadModel:
             },
         )
         del job.preemptions[RECENT_PREEMPTIONS:]
+
+    def _on_JobTagsChanged(self, e: ev.JobTagsChanged) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None:
+            job.tags = dict(e.tags)
 
     def _on_JobPriorityChanged(self, e: ev.JobPriorityChanged) -> None:
         job = self.jobs[e.job_id]

@@ -29,7 +29,6 @@ import pytest_asyncio
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
 from gpuquota.distributed import GatewayService
-from gpuquota.node_agent import procs
 from gpuquota.wire.events import SchedulerEvent
 from tests.pipeline.services import ServiceProcess
 
@@ -130,9 +129,9 @@ class Jobs:
 
     def kill_all(self) -> None:
         for pid in self.pids():
-            if procs.group_alive(pid):  # every attempt leads its own process group
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+            # each attempt is a process group (led by its exit wrapper) that the job belongs to
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
 
 
 @pytest.fixture

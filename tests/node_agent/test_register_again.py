@@ -46,10 +46,12 @@ async def test_register_again_re_registers_and_re_reports_running_attempts(make_
     for _ in range(3):
         await agent.deliver(register_again())
     await agent.flush(5)
-    assert sent_since(sched, before) == [("RegisterNode", ""), ("AttemptReport", "RUNNING")]
+    assert sent_since(sched, before) == [("RegisterNode", "")]
     again = sched.inputs[before]
     assert isinstance(again, RegisterNode)
     assert (again.node_id, again.pool, again.slots) == (first.node_id, first.pool, first.slots)
+    # it lists the attempts the node runs: the scheduler fences those it no longer assigns
+    assert [(a.attempt_id, a.status) for a in again.attempts or ()] == [("long-a1", "RUNNING")]
     assert again.event_id != first.event_id
     assert agent.registrations == 2
 
@@ -57,13 +59,13 @@ async def test_register_again_re_registers_and_re_reports_running_attempts(make_
     before = len(sched.inputs)
     await agent.deliver(register_again())
     await agent.flush(5)
-    assert sent_since(sched, before) == [("RegisterNode", ""), ("AttemptReport", "RUNNING")]
+    assert sent_since(sched, before) == [("RegisterNode", "")]
 
     # the scheduler fences the stale attempt: it stops, reported once
     await agent.deliver(stop_cmd("long", "long-a1", "The scheduler does not assign this attempt to the node"))
     assert (await wait_final(sched, "long-a1", timeout=5)).status == "STOPPED"
     await agent.flush(5)
-    assert sched.statuses("long-a1") == ["STARTING", "RUNNING", "RUNNING", "RUNNING", "STOPPED"]
+    assert sched.statuses("long-a1") == ["STARTING", "RUNNING", "STOPPED"]
     assert agent.active_attempts == []
 
     # nothing runs any more: only the registration
@@ -100,7 +102,7 @@ async def test_a_draining_node_registered_again_drains_again(make_agent: AgentFa
     await agent.deliver(register_again())
     await agent.flush(5)
     # registered again, the scheduler would give the node new work: the agent drains it again
-    expected = [("RegisterNode", ""), ("AttemptReport", "RUNNING"), ("DrainNode", "")]
+    expected = [("RegisterNode", ""), ("DrainNode", "")]
     assert sent_since(sched, before) == expected
     assert isinstance(sched.inputs[-1], DrainNode)
     await agent.deliver(stop_cmd("long", "long-a1"))

@@ -8,7 +8,8 @@ import signal
 import textwrap
 from pathlib import Path
 
-from gpuquota.node_agent import LOST_REASON, ProcessRuntime, SimulatedRuntime, procs
+from gpuquota.node_agent import ProcessRuntime, SimulatedRuntime, procs
+from gpuquota.wire.inputs import RegisterNode
 from tests.node_agent.conftest import (
     AgentFactory,
     Scheduler,
@@ -90,8 +91,9 @@ async def _start_then_abandon(make_agent: AgentFactory, out: Path) -> tuple[int,
     pid = int((out / "pid").read_text())
     assert procs.pid_alive(pid), "stopping the agent must leave the job running"
     record = json.loads(agent1.state_path.read_text())["attempts"]["job-1-a1"]
-    assert (record["pid"], record["pgid"]) == (pid, pid)
-    return pid, agent1.work_dir
+    # the recorded process is the exit wrapper, which leads the job's process group
+    assert record["pid"] == record["pgid"] == os.getpgid(pid)
+    return record["pgid"], agent1.work_dir
 
 
 async def test_restart_adopts_and_fencing_stops_the_orphan(make_agent: AgentFactory, tmp_path: Path) -> None:
@@ -102,11 +104,11 @@ async def test_restart_adopts_and_fencing_stops_the_orphan(make_agent: AgentFact
     sched2 = Scheduler()
     agent2 = make_agent(sched2, work_dir=work_dir)
     await agent2.start()
-    # RegisterNode, then the adopted attempt is reported RUNNING again ...
-    await wait_until(
-        lambda: sched2.statuses("job-1-a1") == ["RUNNING"], what="RUNNING of the adopted attempt"
-    )
-    assert sched2.types()[0] == "RegisterNode"
+    # the RegisterNode lists the adopted attempt as running ...
+    await agent2.flush(5)
+    registration = sched2.inputs[0]
+    assert isinstance(registration, RegisterNode)
+    assert [(a.attempt_id, a.status) for a in registration.attempts or ()] == [("job-1-a1", "RUNNING")]
     assert agent2.active_attempts == ["job-1-a1"]
     # ... and a scheduler that no longer assigns it answers with StopAttempt (AttemptFenced)
     await agent2.deliver(
@@ -119,7 +121,7 @@ async def test_restart_adopts_and_fencing_stops_the_orphan(make_agent: AgentFact
     assert json.loads(agent2.state_path.read_text())["attempts"] == {}
 
 
-async def test_restart_adopted_attempt_ending_alone_is_reported_lost(
+async def test_restart_adopted_attempt_ending_alone_is_reported_by_its_exit_code(
     make_agent: AgentFactory, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
@@ -128,26 +130,76 @@ async def test_restart_adopted_attempt_ending_alone_is_reported_lost(
     sched2 = Scheduler()
     agent2 = make_agent(sched2, work_dir=work_dir)
     await agent2.start()
-    await wait_until(lambda: "RUNNING" in sched2.statuses("job-1-a1"), what="adoption")
+    assert agent2.active_attempts == ["job-1-a1"]
     (out / "finish").write_text("now")
     report = await wait_final(sched2, "job-1-a1")
-    assert (report.status, report.status_reason) == ("FAILED", LOST_REASON)
+    assert (report.status, report.exit_code) == ("SUCCEEDED", 0)
+    await agent2.flush(5)
+    assert json.loads(agent2.state_path.read_text())["attempts"] == {}
 
 
-async def test_restart_with_the_process_gone_reports_it_lost(
+async def test_an_attempt_that_ended_while_no_agent_ran_is_reported_by_its_exit_code(
     make_agent: AgentFactory, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    pid, work_dir = await _start_then_abandon(make_agent, out)
-    os.killpg(pid, signal.SIGKILL)
-    await wait_until(lambda: not procs.group_alive(pid), what="the job to die")
+    pgid, work_dir = await _start_then_abandon(make_agent, out)
+    (out / "finish").write_text("now")
+    await wait_until(lambda: not procs.group_alive(pgid), what="the job to end")
     sched2 = Scheduler()
     agent2 = make_agent(sched2, work_dir=work_dir)
     await agent2.start()
     report = await wait_final(sched2, "job-1-a1")
-    assert (report.status, report.status_reason) == ("FAILED", LOST_REASON)
-    assert sched2.statuses("job-1-a1") == ["FAILED"]
+    assert (report.status, report.exit_code) == ("SUCCEEDED", 0)
+    registration = sched2.inputs[0]
+    assert isinstance(registration, RegisterNode)
+    assert [a.attempt_id for a in registration.attempts or ()] == ["job-1-a1"]
+
+
+async def test_a_final_report_not_delivered_is_sent_again_after_a_restart(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    sched1 = Scheduler()
+    agent1 = make_agent(sched1, runtime=SimulatedRuntime())
+    await agent1.start()
+    await agent1.flush(5)
+    sched1.fail_next = 1_000  # the link is down: the final report stays in the outbox
+    await agent1.deliver(run_cmd(sim_payload(0.01)))
+    await wait_until(lambda: agent1.active_attempts == [], what="the attempt to end")
+    await agent1.stop(flush_timeout=0.1)
+    assert json.loads(agent1.state_path.read_text())["attempts"]["job-1-a1"]["final"]["status"] == "SUCCEEDED"
+    sched2 = Scheduler()
+    agent2 = make_agent(sched2, runtime=SimulatedRuntime(), work_dir=agent1.work_dir)
+    await agent2.start()
+    assert (await wait_final(sched2, "job-1-a1")).status == "SUCCEEDED"
+    registration = sched2.inputs[0]
+    assert isinstance(registration, RegisterNode)
+    assert [(a.attempt_id, a.status) for a in registration.attempts or ()] == [("job-1-a1", "SUCCEEDED")]
+    await agent2.flush(5)
+    assert json.loads(agent2.state_path.read_text())["attempts"] == {}
+    # delivered again (a scheduler republishing), it does not run twice
+    await agent2.deliver(run_cmd(sim_payload(0.01)))
+    await agent2.flush(5)
+    assert sched2.statuses("job-1-a1") == ["SUCCEEDED"]
+    await agent2.stop()
+
+
+async def test_restart_with_the_process_gone_forgets_it_unreported(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    pgid, work_dir = await _start_then_abandon(make_agent, out)
+    os.killpg(pgid, signal.SIGKILL)  # no exit file: nothing says how it ended
+    await wait_until(lambda: not procs.group_alive(pgid), what="the job to die")
+    sched2 = Scheduler()
+    agent2 = make_agent(sched2, work_dir=work_dir)
+    await agent2.start()
+    await agent2.flush(5)
+    # not listed in the registration: the scheduler requeues it as lost (no retry counted)
+    registration = sched2.inputs[0]
+    assert isinstance(registration, RegisterNode) and registration.attempts == ()
+    assert sched2.statuses("job-1-a1") == []
     assert agent2.active_attempts == []
 
 

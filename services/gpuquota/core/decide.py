@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuquota.core import nodes
 from gpuquota.core.context import Context, EventHook
-from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
+from gpuquota.core.outcomes import apply_report, finish_share_deletion, reject
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
@@ -73,20 +74,6 @@ def _handles(input_type: type[Any]) -> Callable[[Handler], Handler]:
         return fn
 
     return register
-
-
-def reject(
-    ctx: Context, message: SchedulerInput, reason: str, job_id: str | None = None, node_id: str | None = None
-) -> bool:
-    ctx.emit(
-        ev.InputRejected,
-        input_event_id=message.event_id,
-        input_type=message.type,
-        reason=reason,
-        job_id=job_id,
-        node_id=node_id,
-    )
-    return False
 
 
 # ----- resources -------------------------------------------------------------------------------
@@ -269,7 +256,7 @@ def _delete_share(ctx: Context, m: inp.DeleteQuotaShare) -> bool:
                 )
         else:
             ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=reason, is_terminated=True)
-    _finish_share_deletion(ctx, share)
+    finish_share_deletion(ctx, share)
     return True
 
 
@@ -277,11 +264,6 @@ def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
     queued = [state.jobs[key[2]] for key in share.queue]
     dispatched = [state.jobs[job_id] for ids in share.dispatched.values() for job_id in ids]
     return queued + dispatched
-
-
-def _finish_share_deletion(ctx: Context, share: ShareRecord) -> None:
-    if share.deleting and not share.queue and not any(share.dispatched.values()):
-        ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETED")
 
 
 # ----- jobs ------------------------------------------------------------------------------------
@@ -367,216 +349,28 @@ def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
     return False
 
 
-# ----- attempt outcomes ------------------------------------------------------------------------
-
-
-def _attempt_failed(ctx: Context, job: JobRecord, reason: str) -> None:
-    """S5.4: retry while attempts remain and ``evaluateOnExit`` says RETRY; otherwise FAILED."""
-    assert job.attempt_id is not None
-    if job.failures + 1 < job.retry_attempts and retry_allowed(job.evaluate_on_exit, reason):
-        ctx.emit(
-            ev.JobRequeued, job_id=job.job_id, attempt_id=job.attempt_id, cause="RETRY", status_reason=reason
-        )
-    else:
-        ctx.emit(ev.JobFailed, job_id=job.job_id, attempt_id=job.attempt_id, status_reason=reason)
-
-
-def _stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
-    """The attempt is gone: the outcome depends on why it was being stopped (S4.4, S5.5, S5.6, S5.9)."""
-    attempt_id = job.attempt_id
-    assert attempt_id is not None
-    stop = job.stop
-    if stop is None:
-        reason = f"Attempt {attempt_id} was handed back by node {node_id}"
-        ctx.emit(
-            ev.JobRequeued,
-            job_id=job.job_id,
-            attempt_id=attempt_id,
-            cause="HANDED_BACK",
-            status_reason=reason,
-        )
-    elif stop.cause == "PREEMPTED":
-        retries = job.preemption_retries
-        if retries is not None and job.preempted_count + 1 > retries:
-            reason = f"{stop.reason}; preemption retries exhausted ({retries})"
-            ctx.emit(
-                ev.JobFailed, job_id=job.job_id, attempt_id=attempt_id, status_reason=reason, preempted=True
-            )
-        else:
-            ctx.emit(
-                ev.JobRequeued,
-                job_id=job.job_id,
-                attempt_id=attempt_id,
-                cause="PREEMPTED",
-                status_reason=stop.reason,
-            )
-    elif stop.cause == "TIMEOUT":
-        _attempt_failed(ctx, job, stop.reason)
-    else:
-        ctx.emit(
-            ev.JobFailed,
-            job_id=job.job_id,
-            attempt_id=attempt_id,
-            status_reason=stop.reason,
-            is_terminated=True,
-        )
-
-
-def _failure_reason(m: inp.AttemptReport) -> str:
-    if m.status_reason:
-        return m.status_reason
-    if m.exit_code is not None:
-        return f"Essential container in task exited with code {m.exit_code}"
-    return "Attempt failed"
-
-
-@_handles(inp.AttemptReport)
-def _report(ctx: Context, m: inp.AttemptReport) -> bool:
-    state = ctx.state
-    job = state.jobs.get(m.job_id)
-    if job is None or job.attempt_id != m.attempt_id:
-        if m.status in ("SUCCEEDED", "FAILED", "STOPPED"):
-            return False  # a late report of an attempt that is already over: nothing to do
-        ctx.emit(
-            ev.AttemptFenced,
-            node_id=m.node_id,
-            job_id=m.job_id,
-            attempt_id=m.attempt_id,
-            reason="The scheduler does not assign this attempt to the node",
-        )
-        return False
-    if m.node_id not in {p.node_id for p in job.placements}:
-        return reject(ctx, m, f"Attempt {m.attempt_id} is not placed on node {m.node_id}", job_id=m.job_id)
-    meaning = REPORT_TRANSITIONS.get(job.status, {}).get(m.status)
-    if meaning is None:
-        return reject(
-            ctx, m, f"Illegal transition: job {job.job_id} is {job.status} and cannot be {m.status}"
-        )
-    if meaning != "apply":
-        return False
-    share = state.shares[job.share]
-    if m.status == "STARTING":
-        ctx.emit(ev.JobStarting, job_id=job.job_id, attempt_id=m.attempt_id)
-        return False
-    if m.status == "RUNNING":
-        ctx.emit(ev.JobRunning, job_id=job.job_id, attempt_id=m.attempt_id)
-        return False
-    if m.status == "SUCCEEDED":
-        ctx.emit(ev.JobSucceeded, job_id=job.job_id, attempt_id=m.attempt_id)
-    elif job.stop is not None:
-        _stopped(ctx, job, m.node_id)
-    elif m.status == "FAILED":
-        _attempt_failed(ctx, job, _failure_reason(m))
-    else:
-        _stopped(ctx, job, m.node_id)
-    _finish_share_deletion(ctx, share)
-    return True
+@_handles(inp.TagJob)
+def _tag_job(ctx: Context, m: inp.TagJob) -> bool:
+    # the gateway checked that the job exists; a finished job has left the core's state, not the log
+    ctx.emit(ev.JobTagsChanged, job_id=m.job_id, tags=m.tags)
+    return False
 
 
 # ----- nodes and time --------------------------------------------------------------------------
 
 
-@_handles(inp.RegisterNode)
-def _register(ctx: Context, m: inp.RegisterNode) -> bool:
-    old = ctx.state.nodes.get(m.node_id)
-    if old is not None and old.online and old.slots != m.slots and _jobs_on_node(ctx.state, m.node_id):
-        return reject(ctx, m, f"Node {m.node_id} re-registered with different slots while it runs attempts")
-    if old is not None and not old.online:
-        pass  # a lost node coming back: its old attempts were requeued; the agent fences them
-    # An operator's drain outlives the agent's restart; a lost node that comes back starts afresh.
-    draining = old is not None and old.online and old.draining
-    ctx.emit(ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots, draining=draining)
-    return True
-
-
-def _jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
-    return sorted(
-        (
-            job
-            for share in state.shares.values()
-            for ids in share.dispatched.values()
-            for job in (state.jobs[i] for i in ids)
-            if any(p.node_id == node_id for p in job.placements)
-        ),
-        key=lambda j: j.job_id,
-    )
-
-
-def heartbeat_granularity(state: ClusterState) -> int:
-    """How often heartbeats are recorded in the log: enough to decide node loss, not more."""
-    return state.heartbeat_timeout_ms // 4
-
-
-@_handles(inp.NodeHeartbeat)
-def _heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
-    node = ctx.state.nodes.get(m.node_id)
-    if node is None or not node.online:
-        # the shells answer with a RegisterAgain node command (``gpuquota.commands``)
-        return reject(ctx, m, f"Node {m.node_id} is not registered; register it again", node_id=m.node_id)
-    # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
-    if m.occurred_at - node.last_heartbeat >= heartbeat_granularity(ctx.state):
-        ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)
-    return False
-
-
-@_handles(inp.DrainNode)
-def _drain(ctx: Context, m: inp.DrainNode) -> bool:
-    node = ctx.state.nodes.get(m.node_id)
-    if node is None or not node.online:
-        return reject(ctx, m, f"Node {m.node_id} is not registered")
-    if not node.draining:
-        ctx.emit(ev.NodeDraining, node_id=m.node_id)
-    return True
-
-
-@_handles(inp.UndrainNode)
-def _undrain(ctx: Context, m: inp.UndrainNode) -> bool:
-    node = ctx.state.nodes.get(m.node_id)
-    if node is None or not node.online:
-        return reject(ctx, m, f"Node {m.node_id} is not registered")
-    if node.draining:
-        ctx.emit(ev.NodeUndrained, node_id=m.node_id)
-    return True
-
-
-@_handles(inp.DeregisterNode)
-def _deregister(ctx: Context, m: inp.DeregisterNode) -> bool:
-    node = ctx.state.nodes.get(m.node_id)
-    if node is None or not node.online:
-        return reject(ctx, m, f"Node {m.node_id} is not registered")
-    _lose_node(ctx, m.node_id, f"Node {m.node_id} deregistered")
-    return True
-
-
-def _lose_node(ctx: Context, node_id: str, reason: str) -> None:
-    """S5.7: the node's attempts go back to RUNNABLE (or to their stop outcome), then the node is lost."""
-    for job in _jobs_on_node(ctx.state, node_id):
-        share = ctx.state.shares[job.share]
-        if job.stop is not None:
-            _stopped(ctx, job, node_id)
-        else:
-            assert job.attempt_id is not None
-            ctx.emit(
-                ev.JobRequeued,
-                job_id=job.job_id,
-                attempt_id=job.attempt_id,
-                cause="NODE_LOST",
-                status_reason=reason,
-            )
-        _finish_share_deletion(ctx, share)
-    ctx.emit(ev.NodeLost, node_id=node_id, reason=reason)
+_handles(inp.AttemptReport)(apply_report)
+_handles(inp.RegisterNode)(nodes.register)
+_handles(inp.NodeHeartbeat)(nodes.heartbeat)
+_handles(inp.DrainNode)(nodes.drain)
+_handles(inp.UndrainNode)(nodes.undrain)
+_handles(inp.DeregisterNode)(nodes.deregister)
 
 
 @_handles(inp.Tick)
 def _tick(ctx: Context, m: inp.Tick) -> bool:
     state, now = ctx.state, m.occurred_at
-    # Heartbeats are recorded at most every timeout/4 (``_heartbeat``), so the last *recorded* one can
-    # be up to timeout/4 older than the last received one: allow that much more, never declaring a node
-    # lost while a heartbeat arrived within the timeout (S5.7).
-    limit = state.heartbeat_timeout_ms + heartbeat_granularity(state)
-    expired = sorted(n.node_id for n in state.nodes.values() if n.online and now - n.last_heartbeat > limit)
-    for node_id in expired:
-        _lose_node(ctx, node_id, f"Node {node_id} lost")
+    nodes.expire_nodes(ctx, now)
     for deadline, job_id, attempt_id in list(state.deadlines.until((now, "\uffff", "\uffff"))):
         job = state.jobs.get(job_id)
         if job is not None and job.attempt_id == attempt_id and job.stop is None and deadline <= now:

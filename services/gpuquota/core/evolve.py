@@ -299,6 +299,11 @@ def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
             _add_victim(state, job)
 
 
+@_handles(ev.JobTagsChanged)
+def _tags(state: ClusterState, event: ev.JobTagsChanged) -> None:
+    """Tags do not take part in scheduling: only the read model keeps them."""
+
+
 @_handles(ev.PreemptionHoldReleased)
 def _hold_released(state: ClusterState, event: ev.PreemptionHoldReleased) -> None:
     state.dict_pop(state.holds, event.job_id)
@@ -334,11 +339,13 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
     if old is not None:
         _withdraw(state, old)
     node = NodeRecord(state.journal_cell, event.node_id, event.pool, event.slots, event.occurred_at)
-    if old is not None and old.slots == event.slots:
-        # Attempts still placed on the node keep their slots. With different slots the node holds no
-        # attempts (decide checks it), so every new slot is free (S7.1).
-        for unit, free in old.free.items():
-            node.free[unit] = free.copy()
+    if old is not None:
+        # Attempts still placed on the node keep their slots: decide requeued every attempt whose slots
+        # the new list does not offer identically, so the slots still in use are the same (S7.1).
+        old_free = {i for free in old.free.values() for i in free}
+        used = set(range(len(old.slots))) - old_free
+        for free in node.free.values():
+            free[:] = [i for i in free if i not in used]
     node.draining = event.draining
     state.dict_set(state.nodes, node.node_id, node)
     _contribute(state, node)

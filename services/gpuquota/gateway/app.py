@@ -640,8 +640,7 @@ class Gateway:
             if (seen := self.rm.client_tokens.get(token)) is not None:
                 if seen[0] != fingerprint:
                     raise ClientException("clientToken was already used with a different request")
-                job = self.rm.jobs.get(seen[1])
-                if job is not None:
+                if (job := self.rm.jobs.get(seen[1])) is not None:
                     return self._job_ref(job)
         spec = self._build(
             JobSpec,
@@ -659,6 +658,8 @@ class Gateway:
             attempt_duration_seconds=duration,
             payload=payload,
             tags=tags,
+            client_token=token,
+            request_digest=fingerprint,
         )
         message = self.make(inp.SubmitJob, job=spec)
         job = self.rm.pending_job(spec, message.event_id)
@@ -780,7 +781,7 @@ class Gateway:
         kind, target = self._tagged(arn)
         if isinstance(target, JobView):
             target.tags = check_tags(change(dict(target.tags)))
-            return
+            return await self._send(self.make(inp.TagJob, job_id=target.spec.job_id, tags=target.tags))
         view: ResourceView[Any] = target
         spec = view.spec.model_copy(update={"tags": check_tags(change(dict(view.spec.tags)))})
         if kind == "service-environment":

@@ -10,40 +10,38 @@ is down: they are dropped).
 
 Lost while alive: when the scheduler declared the node lost (its heartbeats did not arrive in time:
 a partition, a long pause) or does not know it, it answers a heartbeat with ``InputRejected`` and sends
-``RegisterAgain``. The agent then sends its ``RegisterNode`` again (its slots, as at start), re-reports
-the attempts it still runs, as after a restart (the scheduler requeued them when it lost the node, so
-it fences them: ``StopAttempt``), and repeats its ``DrainNode`` if it drains. Repeated ``RegisterAgain``
+``RegisterAgain``. The agent then sends its ``RegisterNode`` again (its slots and the attempts it
+runs, which the scheduler requeued when it lost the node, so it fences them: ``StopAttempt``), and
+repeats its ``DrainNode`` if it drains. Repeated ``RegisterAgain``
 commands are harmless: one while a ``RegisterNode`` still waits in the outbox is ignored, and the
 scheduler takes registrations and reports idempotently.
 
-Restart: running attempts are recorded in ``work_dir/state.json`` (attempt, pid, pgid, process start
-time). A new agent for the same node adopts the process groups still alive: it reports them RUNNING
-again (so a scheduler that no longer assigns them answers with a ``StopAttempt``: fencing) and polls
-them. An adopted attempt is not our child, so its exit status is unknown: when it ends by itself it is
-reported FAILED ``Attempt lost: the node agent restarted while it ran (exit status unknown)``, and the
-scheduler's retry policy decides. Attempts whose processes are gone at restart are reported FAILED the
-same way.
+Restart (``records.py``): an attempt is recorded before it is launched and forgotten only once the
+send of its final report succeeded. A new agent for the node reports again the final reports not
+delivered, adopts the attempts still running and reports those that ended meanwhile by the exit
+status the runtime recorded; it forgets unreported an attempt of which nothing is left (the
+scheduler, whose log assigns it, requeues it as lost: S5.7). The registration and each heartbeat
+list the attempts the agent knows; the scheduler reconciles them with its log (docs/semantics.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import re
-import signal
 import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
-from gpuquota.node_agent.runtime import AttemptHandle, LaunchError, LaunchSpec, Outcome, Runtime, describe
+from gpuquota.dirlock import DirectoryLock
+from gpuquota.node_agent.outcomes import final_status
+from gpuquota.node_agent.payload import BadPayload, parse_payload
+from gpuquota.node_agent.prepare import exit_path, prepare
+from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook
+from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
 from gpuquota.observe.logs import bind
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import (
@@ -51,6 +49,7 @@ from gpuquota.wire.inputs import (
     AttemptStatus,
     DeregisterNode,
     DrainNode,
+    NodeAttempt,
     NodeHeartbeat,
     RegisterNode,
     SchedulerInput,
@@ -62,32 +61,13 @@ log = logging.getLogger(__name__)
 Send = Callable[[SchedulerInput], Awaitable[object]]
 
 LOST_REASON = "Attempt lost: the node agent restarted while it ran (exit status unknown)"
-STATE_FILE = "state.json"
-_KEEP_FINISHED = 10_000
-
-
-def _safe(name: str) -> str:
-    """A file-name-safe form of an id."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+"""Kept for readers of older logs: a restarted agent no longer reports this (see the module doc)."""
+FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+__all__ = ["LOST_REASON", "STATE_FILE", "NodeAgent", "Send"]
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass
-class _Attempt:
-    command: RunAttempt
-    handle: AttemptHandle | None = None
-    stop_reason: str | None = None
-    stop_task: asyncio.Task[None] | None = None
-    timed_out: bool = False
-    exited: bool = False
-    adopted: bool = False
-    started_at: float = field(default_factory=time.time)
-    max_runtime: float | None = None
-    task: asyncio.Task[None] | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class NodeAgent:
@@ -109,13 +89,15 @@ class NodeAgent:
         self.pool = pool
         self.slots = slots
         self.runtime = runtime
-        self.work_dir = Path(work_dir)
+        self.work_dir = Path(work_dir).absolute()
+        self.book = AttemptBook(self.work_dir, node_id)
+        self.lock = DirectoryLock(self.work_dir)
         self.heartbeat_seconds = heartbeat_seconds
         self.preemption_grace = preemption_grace
         self._send = send
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
-        self._attempts: dict[str, _Attempt] = {}
+        self._attempts: dict[str, Attempt] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._outbox: deque[SchedulerInput] = deque()
         self._wake = asyncio.Event()
@@ -140,7 +122,7 @@ class NodeAgent:
 
     @property
     def state_path(self) -> Path:
-        return self.work_dir / STATE_FILE
+        return self.book.state_path
 
     @property
     def active_attempts(self) -> list[str]:
@@ -154,12 +136,16 @@ class NodeAgent:
     async def start(self) -> None:
         if self._started:
             return
+        self.lock.acquire()  # DirectoryInUse: another agent works here
         self._started = True
         self._registered = False
-        for sub in ("logs", "checkpoints"):
+        for sub in ("logs", "checkpoints", "exits"):
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
-        self._register()
         self._recover()
+        self._register()
+        for att in list(self._attempts.values()):
+            if att.final is not None:
+                self._emit(att.final)  # its delivery was not confirmed before the restart
         self._tasks.append(asyncio.create_task(self._sender(), name=f"agent-{self.node_id}-outbox"))
         self._tasks.append(asyncio.create_task(self._heartbeats(), name=f"agent-{self.node_id}-heartbeat"))
 
@@ -194,7 +180,10 @@ class NodeAgent:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._started:  # never over the records of the agent whose lock made start() fail
+            self._save_state()
         self._started = False
+        self.lock.release()
 
     async def flush(self, timeout: float | None = None) -> None:
         """Waits until the outbox is empty (raises TimeoutError after ``timeout`` s)."""
@@ -219,7 +208,7 @@ class NodeAgent:
             if command.attempt_id in self._attempts or command.attempt_id in self._finished:
                 log.info("ignoring repeated RunAttempt %s", command.attempt_id)
                 return
-            att = _Attempt(command=command)
+            att = Attempt(command=command)
             self._attempts[command.attempt_id] = att
             att.task = asyncio.create_task(self._run(att), name=f"attempt-{command.attempt_id}")
         elif isinstance(command, StopAttempt):
@@ -233,11 +222,18 @@ class NodeAgent:
 
     def _register(self) -> None:
         self.registrations += 1
-        self._emit(RegisterNode(**self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots))
+        self._emit(
+            RegisterNode(
+                **self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots, attempts=self._known()
+            )
+        )
+
+    def _known(self) -> tuple[NodeAttempt, ...]:
+        return tuple(att.known() for att in self._attempts.values())
 
     def _register_again(self, reason: str) -> None:
-        """The scheduler does not count the node as registered (lost, or unknown): register again and
-        re-report the attempts still running, so the scheduler fences those it no longer assigns."""
+        """The scheduler does not count the node as registered (lost, or unknown): register again,
+        listing the attempts still running, so the scheduler fences those it no longer assigns."""
         if not self._started or self._leaving:
             log.info("ignoring RegisterAgain (%s): the agent is not running or deregisters", reason)
             return
@@ -245,21 +241,17 @@ class NodeAgent:
             log.info("ignoring RegisterAgain (%s): a RegisterNode is on its way", reason)
             return
         log.warning("node %s registers again: %s", self.node_id, reason)
-        self._register()
-        for att in list(self._attempts.values()):
-            if att.done.is_set() or att.stop_reason is not None or att.exited:
-                continue  # over, or about to report STOPPED
-            self._report(att, "RUNNING" if att.handle is not None else "STARTING")
+        self._register()  # it lists the attempts the agent runs: the scheduler fences them
         if self._draining:
             self._emit(DrainNode(**self._meta(), node_id=self.node_id))
 
-    def _request_stop(self, att: _Attempt, reason: str) -> None:
+    def _request_stop(self, att: Attempt, reason: str) -> None:
         if att.stop_reason is not None or att.exited:
             return
         att.stop_reason = reason
         self._start_stop(att)
 
-    def _start_stop(self, att: _Attempt) -> None:
+    def _start_stop(self, att: Attempt) -> None:
         if att.handle is not None and att.stop_task is None:
             aid = att.command.attempt_id
             att.stop_task = asyncio.create_task(
@@ -268,17 +260,24 @@ class NodeAgent:
 
     # ----- running one attempt --------------------------------------------------------------------
 
-    async def _run(self, att: _Attempt) -> None:
+    async def _run(self, att: Attempt) -> None:
         cmd = att.command
         bind(node_id=self.node_id, job_id=cmd.job_id, attempt_id=cmd.attempt_id)  # every line of this task
         try:
             self._report(att, "STARTING")
             try:
-                spec = self._prepare(cmd)
+                spec = prepare(
+                    cmd,
+                    self.node_id,
+                    self.slots,
+                    self.work_dir,
+                    contained=getattr(self.runtime, "contained", False),
+                )
                 att.max_runtime = spec.request.max_runtime_seconds
                 if att.stop_reason is not None:
                     self._report(att, "STOPPED", reason=att.stop_reason)
                     return
+                self._save_state()  # recorded before it runs: a restarted agent looks for it
                 att.handle = await self.runtime.launch(spec)
             except (BadPayload, LaunchError) as exc:
                 self._report(att, "FAILED", reason=str(exc))
@@ -295,11 +294,11 @@ class NodeAgent:
             raise  # the agent stops; the process keeps running and stays in state.json
         except Exception as exc:  # never let one attempt take the agent down
             log.exception("attempt %s failed in the agent", cmd.attempt_id)
-            if not att.done.is_set():
+            if att.final is None:
                 self._report(att, "FAILED", reason=f"Node agent error: {exc}")
         self._finish(att)
 
-    async def _supervise(self, att: _Attempt) -> None:
+    async def _supervise(self, att: Attempt) -> None:
         handle = att.handle
         assert handle is not None
         waiter = asyncio.ensure_future(handle.wait())
@@ -321,154 +320,105 @@ class NodeAgent:
             await handle.reap()
         self._report_outcome(att, outcome)
 
-    def _report_outcome(self, att: _Attempt, outcome: Outcome) -> None:
-        if att.stop_reason is not None:
-            self._report(att, "STOPPED", reason=att.stop_reason, exit_code=_exit_code(outcome))
-        elif att.timed_out:
-            reason = f"Attempt exceeded StoppingCondition.MaxRuntimeInSeconds ({att.max_runtime:g} s)"
-            self._report(att, "FAILED", reason=reason, exit_code=_exit_code(outcome))
-        elif outcome.exit_code == 0:
-            self._report(att, "SUCCEEDED", exit_code=0)
-        elif outcome.signal is not None:
-            name = _signal_name(outcome.signal)
-            reason = outcome.reason or f"Attempt killed by signal {name}"
-            self._report(att, "FAILED", reason=reason, exit_code=_exit_code(outcome))
-        elif outcome.exit_code is not None:
-            reason = outcome.reason or f"Essential container in task exited with code {outcome.exit_code}"
-            self._report(att, "FAILED", reason=reason, exit_code=outcome.exit_code)
+    def _report_outcome(self, att: Attempt, outcome: Outcome) -> None:
+        final = final_status(outcome, att.stop_reason, att.max_runtime if att.timed_out else None)
+        if final is not None:
+            self._report(att, *final)
+        elif att.adopted:
+            # nothing says how it ended: forgotten unreported, so the scheduler requeues it as lost
+            self._note(att.command.attempt_id, "ended with no exit status: lost")
+            self._forget(att.command.attempt_id)
         else:
-            self._report(att, "FAILED", reason=LOST_REASON if att.adopted else "Attempt lost")
+            self._report(att, "FAILED", reason="Attempt lost")
 
-    def _finish(self, att: _Attempt) -> None:
-        aid = att.command.attempt_id
+    def _finish(self, att: Attempt) -> None:
+        """The attempt is over; it is forgotten once its final report is delivered (``_delivered``)."""
         att.done.set()
-        self._attempts.pop(aid, None)
-        self._finished[aid] = None
-        while len(self._finished) > _KEEP_FINISHED:
+        if att.command.attempt_id in self._attempts:
+            self._save_state()
+
+    def _delivered(self, sent: SchedulerInput) -> None:
+        if isinstance(sent, AttemptReport) and sent.status in FINAL:
+            att = self._attempts.get(sent.attempt_id)
+            if att is not None and att.final is sent:
+                self._forget(sent.attempt_id)
+
+    def _forget(self, attempt_id: str) -> None:
+        self._attempts.pop(attempt_id, None)
+        self._finished[attempt_id] = None
+        while len(self._finished) > KEEP_FINISHED:
             self._finished.popitem(last=False)
+        self.book.add_finished(attempt_id)
         self._save_state()
-
-    def _prepare(self, cmd: RunAttempt) -> LaunchSpec:
-        offered = sorted({s.unit for s in self.slots})
-        request = parse_payload(cmd.payload)
-        for unit in filter(None, (cmd.unit, request.instance_type)):
-            if unit not in offered:
-                offers = ", ".join(offered) or "nothing"
-                node = self.node_id
-                raise BadPayload(f"Instance type {unit} is not offered by node {node} (offers: {offers})")
-        for index in cmd.slots:
-            if not 0 <= index < len(self.slots) or self.slots[index].unit != cmd.unit:
-                raise BadPayload(f"Node {self.node_id} has no {cmd.unit} slot {index}")
-        gpus = cmd.gpus or tuple(g for i in cmd.slots for g in self.slots[i].gpus)
-        checkpoint = self._checkpoint_dir(cmd, request)
-        env = {
-            **request.environment,
-            **hyperparameter_env(request.hyperparameters),
-            "SM_HPS": json.dumps(request.hyperparameters, sort_keys=True),
-            "SM_CURRENT_INSTANCE_TYPE": cmd.unit,
-            "SM_NUM_GPUS": str(len(gpus)),
-            "SM_CHECKPOINT_DIR": str(checkpoint),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-            "GPUQUOTA_JOB_ID": cmd.job_id,
-            "GPUQUOTA_JOB_NAME": cmd.job_name,
-            "GPUQUOTA_ATTEMPT": str(cmd.attempt_number),
-            "GPUQUOTA_ATTEMPT_ID": cmd.attempt_id,
-            "GPUQUOTA_NODE_ID": self.node_id,
-        }
-        return LaunchSpec(
-            job_id=cmd.job_id,
-            attempt_id=cmd.attempt_id,
-            request=request,
-            env=env,
-            log_path=self.work_dir / "logs" / f"{_safe(cmd.attempt_id)}.log",
-            cwd=self.work_dir,
-            instance_gpus=tuple(self.slots[i].gpus for i in cmd.slots) if len(cmd.slots) > 1 else (),
-        )
-
-    def _checkpoint_dir(self, cmd: RunAttempt, request: TrainingRequest) -> Path:
-        if request.checkpoint_local_path and not getattr(self.runtime, "contained", False):
-            path = self.work_dir / request.checkpoint_local_path  # an absolute LocalPath wins
-        else:
-            path = self.work_dir / "checkpoints" / _safe(cmd.job_id)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BadPayload(
-                f"Checkpoint directory {path} cannot be created: {exc.strerror or exc}"
-            ) from None
-        if not path.is_dir() or not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-            raise BadPayload(f"Checkpoint directory {path} is not readable and writable")
-        return path
+        done = exit_path(self.work_dir, attempt_id)
+        for path in (done, done.with_name(f"{done.name}.pid")):
+            path.unlink(missing_ok=True)
 
     # ----- restart --------------------------------------------------------------------------------
 
-    def _load_state(self) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.state_path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.error("ignoring unreadable %s: %s", self.state_path, exc)
-            return {}
-        return doc if isinstance(doc, dict) else {}
-
     def _recover(self) -> None:
-        doc = self._load_state()
-        if doc.get("node_id") not in (None, self.node_id):
-            log.warning("%s belongs to node %s; ignoring it", self.state_path, doc.get("node_id"))
-            return
-        for aid, record in dict(doc.get("attempts") or {}).items():
+        for aid in self.book.finished():
+            self._finished[aid] = None
+        for aid, record in self.book.load().items():
             try:
                 cmd = RunAttempt.model_validate(record["command"])
+                final = record.get("final")
+                report = None if final is None else AttemptReport.model_validate(final)
             except Exception as exc:
                 log.error("ignoring unreadable attempt record %s: %s", aid, exc)
                 continue
-            att = _Attempt(command=cmd, adopted=True, started_at=float(record.get("started_at", time.time())))
-            self._attempts[aid] = att
-            handle = self.runtime.adopt(describe(record))
-            if handle is None:
-                self._note(aid, "lost at restart")
-                self._report(att, "FAILED", reason=LOST_REASON)
-                self._finish(att)
+            started = float(record.get("started_at", time.time()))
+            att = Attempt(
+                command=cmd, adopted=True, started_at=started, status=record.get("status", "RUNNING")
+            )
+            if report is not None:
+                att.final, att.status = report, report.status
+                att.done.set()
+                self._attempts[aid] = att
                 continue
+            handle = self.runtime.adopt(describe({"exit_path": str(exit_path(self.work_dir, aid)), **record}))
+            if handle is None:
+                self._note(aid, "lost at restart: no process, no exit status")
+                self._forget(aid)
+                continue
+            self._attempts[aid] = att
             att.handle = handle
             with contextlib.suppress(BadPayload):
                 att.max_runtime = parse_payload(cmd.payload).max_runtime_seconds
             self._note(aid, f"adopted (pid {handle.pid})")
-            self._report(att, "RUNNING")  # fencing: the scheduler stops it if it is no longer assigned
             att.task = asyncio.create_task(self._watch(att), name=f"adopted-{aid}")
         sweep = getattr(self.runtime, "sweep", None)  # removes what a dead agent started but never recorded
         if sweep is not None:
             sweep(self.node_id, self.work_dir, set(self._attempts))
         self._save_state()
 
-    async def _watch(self, att: _Attempt) -> None:
+    async def _watch(self, att: Attempt) -> None:
         try:
             await self._supervise(att)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("adopted attempt %s", att.command.attempt_id)
-            self._report(att, "FAILED", reason=f"Node agent error: {exc}")
+            if att.final is None:
+                self._report(att, "FAILED", reason=f"Node agent error: {exc}")
         self._finish(att)
 
     def _save_state(self) -> None:
-        attempts = {
-            aid: {
-                "command": att.command.model_dump(mode="json"),
-                "runtime": self.runtime.name,
-                "pid": att.handle.pid,
-                "pgid": att.handle.pgid,
-                "start_time": att.handle.start_time,
-                "members": getattr(att.handle, "member_records", []),
-                "started_at": att.started_at,
-            }
-            for aid, att in self._attempts.items()
-            if att.handle is not None and not att.done.is_set()
+        self.book.save({aid: self._record(att) for aid, att in self._attempts.items()})
+
+    def _record(self, att: Attempt) -> dict[str, Any]:
+        handle = att.handle
+        return {
+            "command": att.command.model_dump(mode="json"),
+            "runtime": self.runtime.name,
+            "pid": None if handle is None else handle.pid,
+            "pgid": None if handle is None else handle.pgid,
+            "start_time": None if handle is None else handle.start_time,
+            "members": [] if handle is None else getattr(handle, "member_records", []),
+            "started_at": att.started_at,
+            "status": att.status,
+            "final": None if att.final is None else att.final.model_dump(mode="json"),
         }
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"node_id": self.node_id, "attempts": attempts}, indent=2))
-        os.replace(tmp, self.state_path)
 
     # ----- sending --------------------------------------------------------------------------------
 
@@ -480,21 +430,24 @@ class NodeAgent:
         log.info("attempt %s: %s", attempt_id, what)
 
     def _report(
-        self, att: _Attempt, status: AttemptStatus, reason: str | None = None, exit_code: int | None = None
+        self, att: Attempt, status: AttemptStatus, reason: str | None = None, exit_code: int | None = None
     ) -> None:
         cmd = att.command
         self._note(cmd.attempt_id, f"report {status}" + (f": {reason}" if reason else ""))
-        self._emit(
-            AttemptReport(
-                **self._meta(),
-                node_id=self.node_id,
-                job_id=cmd.job_id,
-                attempt_id=cmd.attempt_id,
-                status=status,
-                exit_code=exit_code,
-                status_reason=reason[:1024] if reason else None,
-            )
+        report = AttemptReport(
+            **self._meta(),
+            node_id=self.node_id,
+            job_id=cmd.job_id,
+            attempt_id=cmd.attempt_id,
+            status=status,
+            exit_code=exit_code,
+            status_reason=reason[:1024] if reason else None,
         )
+        att.status = status
+        if status in FINAL:
+            att.final = report
+            self._save_state()  # the outcome is on disk before it is sent
+        self._emit(report)
 
     def _emit(self, message: SchedulerInput) -> None:
         self._outbox.append(message)
@@ -522,6 +475,7 @@ class NodeAgent:
                     self._sending = False
                 sent = self._outbox.popleft()
                 self._link_down = False
+                self._delivered(sent)
                 if isinstance(sent, RegisterNode | DeregisterNode):
                     self._registered = isinstance(sent, RegisterNode)
                 delay = self._retry
@@ -532,21 +486,8 @@ class NodeAgent:
             if not self._registered or self._link_down:
                 continue  # not registered yet (or any more), or the outbox is retrying a failed send
             try:
-                await self._send(NodeHeartbeat(**self._meta(), node_id=self.node_id))
+                await self._send(NodeHeartbeat(**self._meta(), node_id=self.node_id, attempts=self._known()))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("heartbeat not sent: %s", exc)
-
-
-def _exit_code(outcome: Outcome) -> int | None:
-    if outcome.signal is not None:
-        return 128 + outcome.signal
-    return outcome.exit_code
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpuquota.node_agent.agent import _safe
+from gpuquota.node_agent.prepare import safe_name as _safe
 
 MAX_CHUNK = 256 * 1024
 """The most bytes one read returns."""

@@ -1,11 +1,22 @@
-"""How attempts run: the :class:`Runtime` protocol, the ``process`` and ``simulated`` runtimes (I3)."""
+"""How attempts run: the :class:`Runtime` protocol, the ``process`` and ``simulated`` runtimes (I3).
+
+Recovery seam: the agent records each attempt (``AdoptRecord``) before it launches it. A restarted agent
+calls ``Runtime.adopt(record)``, which returns a handle on the attempt if it still runs, a handle that
+has already ended (its ``wait`` gives the real outcome) if it ended while no agent watched, or None
+when nothing is known of it (the scheduler then requeues it as lost). The process runtime records the
+outcome in ``LaunchSpec.exit_path`` through ``exit_wrapper.py``; another runtime may use its own record
+(a container's exit code, say) the same way.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +49,9 @@ class LaunchSpec:
     def instances_here(self) -> int:
         return max(1, len(self.instance_gpus))
 
+    exit_path: Path | None = None
+    """Where the runtime records how the attempt ended, for a restarted agent (None: nowhere)."""
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -56,10 +70,13 @@ class AdoptRecord:
     pid: int | None
     pgid: int | None
     start_time: int | None
+    exit_path: str | None = None
+    """``LaunchSpec.exit_path`` of the attempt (of its first instance; the others' are beside it)."""
     node_id: str = ""
     job_id: str = ""
     attempt_id: str = ""
-    members: tuple[tuple[int, int | None], ...] = ()
+    """The attempt's id (a runtime may name what it started after it: a container, say)."""
+    members: tuple[tuple[int | None, int | None], ...] = ()
     """(pid, start time) of every instance's process (multi-instance ``process`` attempts)."""
 
 
@@ -105,22 +122,24 @@ class ProcessHandle:
         proc: asyncio.subprocess.Process | None = None,
         start_time: int | None = None,
         poll_seconds: float = 0.05,
+        exit_path: str | None = None,
     ) -> None:
         self.pid: int | None = pid
         self.pgid: int | None = pid  # start_new_session: the child leads its own group
         self.start_time = start_time
         self._proc = proc
         self._poll = poll_seconds
+        self._exit_path = exit_path
 
     async def wait(self) -> Outcome:
         assert self.pid is not None and self.pgid is not None
         if self._proc is not None:
             rc = await self._proc.wait()
             return Outcome(exit_code=None, signal=-rc) if rc < 0 else Outcome(exit_code=rc)
-        # adopted: not our child, so no exit status; wait for the whole group to go
+        # adopted: not our child; wait for the whole group to go, then read what the wrapper wrote
         while procs.group_alive(self.pgid):
             await asyncio.sleep(self._poll)
-        return Outcome(exit_code=None, reason="exit status unknown")
+        return read_exit(self._exit_path) or Outcome(exit_code=None, reason="exit status unknown")
 
     async def _gone(self, deadline: float | None) -> bool:
         assert self.pgid is not None
@@ -155,8 +174,59 @@ class ProcessHandle:
             await self._proc.wait()
 
 
+@dataclass
+class EndedHandle:
+    """An attempt that ended while no agent watched it: ``wait`` gives its recorded outcome."""
+
+    outcome: Outcome
+    pid: int | None = None
+    pgid: int | None = None
+    start_time: int | None = None
+
+    async def wait(self) -> Outcome:
+        return self.outcome
+
+    async def stop(self, grace: float, trace: Trace) -> None:
+        return None
+
+    async def reap(self) -> None:
+        return None
+
+
+def read_exit(path: str | Path | None) -> Outcome | None:
+    """The outcome ``exit_wrapper.py`` recorded at ``path``; None if there is none (or it is unreadable)."""
+    if path is None:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("signal"), int):
+        return Outcome(exit_code=None, signal=doc["signal"])
+    if isinstance(doc, dict) and isinstance(doc.get("exit_code"), int):
+        return Outcome(exit_code=doc["exit_code"])
+    return None
+
+
+WRAPPER = Path(__file__).with_name("exit_wrapper.py")
+
+
+def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> None:
+    """The launch errors a direct exec would raise, checked before the wrapper starts."""
+    program = argv[0]
+    if os.sep in program:
+        path = Path(program) if os.path.isabs(program) else cwd / program
+        if not path.exists():
+            raise LaunchError(f"Cannot start the attempt: command not found: {program}")
+        if not os.access(path, os.X_OK) or path.is_dir():
+            raise LaunchError(f"Cannot start the attempt: permission denied: {program}")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise LaunchError(f"Cannot start the attempt: command not found: {program}")
+
+
 class ProcessRuntime:
-    """Runs the payload's command as a local process in its own process group (session)."""
+    """Runs the payload's command as a local process in its own process group (session), through
+    ``exit_wrapper.py`` when the spec has an ``exit_path``."""
 
     name = "process"
 
@@ -182,7 +252,10 @@ class ProcessRuntime:
                 log = spec.log_path
                 if instance.rank > 0:
                     log = log.with_name(f"{log.stem}.{instance.host}{log.suffix}")
-                handles.append(await self._start(argv, env, log, spec.cwd))
+                exit_file = member_exit_path(
+                    None if spec.exit_path is None else str(spec.exit_path), instance.host, instance.rank
+                )
+                handles.append(await self._start(argv, env, log, spec.cwd, exit_file))
         except BaseException:
             for handle in handles:
                 await handle.reap()
@@ -192,10 +265,15 @@ class ProcessRuntime:
         return instances.GroupHandle(handles, [i.host for i in local])
 
     async def _start(
-        self, argv: tuple[str, ...], env: dict[str, str], log_path: Path, cwd: Path
+        self, argv: tuple[str, ...], env: dict[str, str], log_path: Path, cwd: Path, exit_file: str | None
     ) -> ProcessHandle:
+        """One instance's process, behind the exit wrapper when its exit status is to be recorded."""
         env = {**os.environ, **env} if self._inherit_env else env
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        if exit_file is not None:
+            _check_command(argv, env, cwd)
+            Path(exit_file).parent.mkdir(parents=True, exist_ok=True)
+            argv = (sys.executable, "-I", "-S", str(WRAPPER), exit_file, *argv)
         try:
             with open(log_path, "ab") as log:
                 proc = await asyncio.create_subprocess_exec(
@@ -213,31 +291,54 @@ class ProcessRuntime:
             raise LaunchError(f"Cannot start the attempt: permission denied: {argv[0]}") from None
         except OSError as exc:
             raise LaunchError(f"Cannot start the attempt: {argv[0]}: {exc.strerror or exc}") from None
-        return ProcessHandle(proc.pid, proc, procs.start_time(proc.pid), self._poll)
+        return ProcessHandle(proc.pid, proc, procs.start_time(proc.pid), self._poll, exit_file)
 
     def adopt(self, record: AdoptRecord) -> AttemptHandle | None:
-        if record.runtime != self.name or record.pid is None or record.pgid is None:
+        if record.runtime != self.name:
             return None
         if len(record.members) > 1:
             return self._adopt_group(record)
-        return self._adopt_one(record.pid, record.pgid, record.start_time)
+        return self._adopt_one(record.pid, record.start_time, record.exit_path)
 
-    def _adopt_one(self, pid: int, pgid: int, start_time: int | None) -> ProcessHandle | None:
-        leader_ok = procs.pid_alive(pid, start_time)
-        if not leader_ok and (procs.pid_alive(pid) or not procs.group_alive(pgid)):
-            return None  # the pid was reused by someone else, or the group is gone
-        return ProcessHandle(pid, None, start_time, self._poll)
+    def _adopt_one(
+        self, pid: int | None, start_time: int | None, exit_file: str | None
+    ) -> AttemptHandle | None:
+        """A handle on a still running instance, or on how it ended (its exit file); None: unknown."""
+        if pid is None and exit_file is not None:
+            pid = _wrapper_pid(exit_file)  # the agent died between the launch and its record
+            start_time = None if pid is None else procs.start_time(pid)
+        if pid is not None and self._still_runs(pid, start_time):
+            return ProcessHandle(pid, None, start_time, self._poll, exit_file)
+        outcome = read_exit(exit_file)
+        return None if outcome is None else EndedHandle(outcome)
+
+    @staticmethod
+    def _still_runs(pid: int, start_time: int | None) -> bool:
+        """The group led by ``pid`` still runs (and ``pid`` was not reused by someone else)."""
+        if procs.pid_alive(pid, start_time):
+            return True
+        return not procs.pid_alive(pid) and procs.group_alive(pid)
 
     def _adopt_group(self, record: AdoptRecord) -> AttemptHandle | None:
         from gpuquota.node_agent import instances
 
-        members = [self._adopt_one(pid, pid, started) for pid, started in record.members]
-        alive = [m for m in members if m is not None]
-        if not alive:
+        members = [
+            self._adopt_one(pid, started, member_exit_path(record.exit_path, instances.host_name(rank), rank))
+            for rank, (pid, started) in enumerate(record.members)
+        ]
+        if all(m is None for m in members):
             return None
-        # a member gone at restart ended with an unknown status: the group fails and stops the others
+        # a member whose end is unknown fails the group, which stops the others
         handles: list[AttemptHandle] = [m or _Gone() for m in members]
         return instances.GroupHandle(handles, [instances.host_name(r) for r in range(len(members))])
+
+
+def member_exit_path(exit_file: str | None, host: str, rank: int) -> str | None:
+    """Instance ``rank``'s exit file: the attempt's own for rank 0, one beside it for the others."""
+    if exit_file is None or rank == 0:
+        return exit_file
+    path = Path(exit_file)
+    return str(path.with_name(f"{path.stem}.{host}{path.suffix}"))
 
 
 class _Gone:
@@ -254,6 +355,13 @@ class _Gone:
         return None
 
     async def reap(self) -> None:
+        return None
+
+
+def _wrapper_pid(exit_path: str) -> int | None:
+    try:
+        return int(Path(f"{exit_path}.pid").read_text().strip())
+    except (OSError, ValueError):
         return None
 
 
@@ -319,8 +427,9 @@ def describe(record: dict[str, Any]) -> AdoptRecord:
         pid=record.get("pid"),
         pgid=record.get("pgid"),
         start_time=record.get("start_time"),
+        exit_path=record.get("exit_path"),
         node_id=str(command.get("node_id", "")),
         job_id=str(command.get("job_id", "")),
         attempt_id=str(command.get("attempt_id", "")),
-        members=tuple((int(m[0]), m[1]) for m in record.get("members") or () if m and m[0] is not None),
+        members=tuple((m[0], m[1]) for m in record.get("members") or () if m),
     )

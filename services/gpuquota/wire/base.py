@@ -148,6 +148,10 @@ class JobSpec(Frozen):
     payload: str = ""
     tags: dict[str, str] = Field(default_factory=dict)
     """The job's AWS tags (SubmitServiceJob ``tags``); carried for the read model, not scheduling."""
+    client_token: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """SubmitServiceJob ``clientToken``, in the log so that a retry after a restart finds the job."""
+    request_digest: str = ""
+    """SHA-256 of the submit request without its ``clientToken`` (a reused token must match it)."""
 
 
 class SlotOffer(Frozen):

@@ -186,6 +186,14 @@ class JobPriorityChanged(Message):
     priority: Priority
 
 
+class JobTagsChanged(Message):
+    """A job's tags (TagResource, UntagResource); read-model only: scheduling ignores tags."""
+
+    type: Literal["JobTagsChanged"] = "JobTagsChanged"
+    job_id: str
+    tags: dict[str, str]
+
+
 class PreemptionHoldReleased(Message):
     """The capacity held for a preemptor (S4.3) is no longer held."""
 
@@ -254,6 +262,7 @@ SchedulerEvent = Annotated[
     | JobPreempted
     | JobStopRequested
     | JobPriorityChanged
+    | JobTagsChanged
     | PreemptionHoldReleased
     | AttemptFenced
     | NodeRegistered

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from gpuquota.wire.base import (
+    Frozen,
     JobQueueSpec,
     JobSpec,
     Message,
@@ -103,16 +104,43 @@ class TerminateJob(Message):
     reason: Annotated[str, Field(max_length=1024)] = "Terminated by user"
 
 
+AttemptStatus = Literal["STARTING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
+
+
+class NodeAttempt(Frozen):
+    """An attempt as its node agent knows it: still running (STARTING, RUNNING), or over (its final
+    status and exit code) while the scheduler has not yet acknowledged the final report."""
+
+    job_id: str
+    attempt_id: str
+    status: AttemptStatus
+    exit_code: int | None = None
+    status_reason: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class TagJob(Message):
+    """TagResource or UntagResource on a job: its whole new tag map (the log keeps the job's tags)."""
+
+    type: Literal["TagJob"] = "TagJob"
+    job_id: str
+    tags: dict[str, str]
+
+
 class RegisterNode(Message):
     type: Literal["RegisterNode"] = "RegisterNode"
     node_id: Annotated[str, Field(min_length=1, max_length=256)]
     pool: Name = "default"
     slots: tuple[SlotOffer, ...]
+    attempts: tuple[NodeAttempt, ...] | None = None
+    """Every attempt the node knows (see ``NodeAttempt``): the scheduler reconciles its log with it
+    (docs/semantics.md, S5.7). ``None``: an agent (or a logged input) from before reconciliation."""
 
 
 class NodeHeartbeat(Message):
     type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
     node_id: str
+    attempts: tuple[NodeAttempt, ...] | None = None
+    """As in ``RegisterNode``: the scheduler reconciles the attempts the node has already reported."""
 
 
 class DrainNode(Message):
@@ -130,9 +158,6 @@ class UndrainNode(Message):
 class DeregisterNode(Message):
     type: Literal["DeregisterNode"] = "DeregisterNode"
     node_id: str
-
-
-AttemptStatus = Literal["STARTING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
 
 
 class AttemptReport(Message):
@@ -169,6 +194,7 @@ SchedulerInput = Annotated[
     | SubmitJob
     | UpdateJobPriority
     | TerminateJob
+    | TagJob
     | RegisterNode
     | NodeHeartbeat
     | DrainNode

@@ -1,0 +1,195 @@
+"""Nodes: registration, heartbeats, draining, loss, and reconciliation with what a node really runs.
+
+Reconciliation (docs/semantics.md, "Nodes and restarts"): a node agent's ``RegisterNode`` and each
+``NodeHeartbeat`` list every attempt it knows (``NodeAttempt``: running, or over with its final status
+not yet acknowledged). The log is the truth about what the scheduler *assigned*; the node is the truth
+about what *runs*. The core reconciles the two:
+
+1. On registration, an attempt the log assigns to the node: the node's status of it is applied as if
+   its ``AttemptReport`` had arrived (the report that a crash swallowed: its outcome, if it ended).
+   Heartbeats apply nothing: they bypass the agent's ordered outbox, so the reports they would
+   overtake follow them (a late STARTING would be fenced).
+2. An attempt the node runs, which the log does not assign to it: fenced (``AttemptFenced``, which the
+   shells turn into a ``StopAttempt``).
+3. An attempt the log assigns to the node, which the node does not report: lost, requeued as by S5.7
+   (``NODE_LOST``: no retry or preemption is counted; a stopping attempt takes its stop outcome). On a
+   heartbeat this applies only to attempts the node has already reported STARTING or RUNNING: a
+   heartbeat may leave before a ``RunAttempt`` reaches the agent, never before the agent's own report.
+4. On registration only, an attempt whose slots the new slot list no longer offers identically (a GPU
+   removed, a different instance type) is requeued and fenced, so a node that comes back different is
+   accepted with exactly the attempts that still fit.
+
+Inputs without ``attempts`` (older agents and logs) skip steps 1 to 3.
+"""
+
+from __future__ import annotations
+
+from gpuquota.core.context import Context
+from gpuquota.core.outcomes import apply_report, finish_share_deletion, jobs_on_node, reject, stopped
+from gpuquota.core.state import ClusterState, JobRecord
+from gpuquota.wire import events as ev
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.inputs import NodeAttempt
+
+_OVER = ("SUCCEEDED", "FAILED", "STOPPED")
+_REPORTED = ("STARTING", "RUNNING")
+
+
+def register(ctx: Context, m: inp.RegisterNode) -> bool:
+    if m.attempts is not None:
+        _reconcile(ctx, m, m.attempts, registration=True)
+    for job in jobs_on_node(ctx.state, m.node_id):
+        if not _slots_kept(ctx.state, job, m.node_id, m.slots):
+            reason = f"Node {m.node_id} registered again without the slots of attempt {job.attempt_id}"
+            _fence(ctx, job, m.node_id, reason)
+            _lose_attempt(ctx, job, m.node_id, reason)
+    # An operator's drain outlives the agent's restart; a lost node that comes back starts afresh.
+    old = ctx.state.nodes.get(m.node_id)
+    draining = old is not None and old.online and old.draining
+    ctx.emit(ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots, draining=draining)
+    return True
+
+
+def _slots_kept(state: ClusterState, job: JobRecord, node_id: str, slots: tuple[SlotOffer, ...]) -> bool:
+    """Every slot the job holds on the node is in the new slot list, at the same index, unchanged."""
+    old = state.nodes[node_id].slots
+    held = [i for p in job.placements if p.node_id == node_id for i in p.slots]
+    return all(i < len(slots) and i < len(old) and slots[i] == old[i] for i in held)
+
+
+def heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        # the shells answer with a RegisterAgain node command (``gpuquota.commands``)
+        return reject(ctx, m, f"Node {m.node_id} is not registered; register it again", node_id=m.node_id)
+    changed = False
+    if m.attempts is not None:
+        changed = _reconcile(ctx, m, m.attempts, registration=False)
+    # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
+    if m.occurred_at - node.last_heartbeat >= heartbeat_granularity(ctx.state):
+        ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)
+    return changed
+
+
+def _reconcile(
+    ctx: Context,
+    m: inp.RegisterNode | inp.NodeHeartbeat,
+    attempts: tuple[NodeAttempt, ...],
+    *,
+    registration: bool,
+) -> bool:
+    """Steps 1 to 3 of the module doc; True when a job's attempt ended (capacity was freed)."""
+    state, node_id = ctx.state, m.node_id
+    changed = False
+    for attempt in attempts:
+        job = state.jobs.get(attempt.job_id)
+        assigned = job is not None and job.attempt_id == attempt.attempt_id and _placed_on(job, node_id)
+        if assigned:
+            if registration:
+                changed |= apply_report(ctx, _as_report(m, attempt)) and attempt.status in _OVER
+        elif attempt.status not in _OVER:
+            ctx.emit(
+                ev.AttemptFenced,
+                node_id=node_id,
+                job_id=attempt.job_id,
+                attempt_id=attempt.attempt_id,
+                reason="The scheduler does not assign this attempt to the node",
+            )
+    known = {a.attempt_id for a in attempts}
+    for job in jobs_on_node(state, node_id):
+        if job.attempt_id in known or not (registration or job.status.value in _REPORTED):
+            continue
+        _lose_attempt(ctx, job, node_id, f"Attempt {job.attempt_id} lost: node {node_id} does not run it")
+        changed = True
+    return changed
+
+
+def _placed_on(job: JobRecord, node_id: str) -> bool:
+    return any(p.node_id == node_id for p in job.placements)
+
+
+def _as_report(m: inp.RegisterNode | inp.NodeHeartbeat, attempt: NodeAttempt) -> inp.AttemptReport:
+    return inp.AttemptReport(
+        event_id=m.event_id,
+        occurred_at=m.occurred_at,
+        node_id=m.node_id,
+        job_id=attempt.job_id,
+        attempt_id=attempt.attempt_id,
+        status=attempt.status,
+        exit_code=attempt.exit_code,
+        status_reason=attempt.status_reason,
+    )
+
+
+def _fence(ctx: Context, job: JobRecord, node_id: str, reason: str) -> None:
+    assert job.attempt_id is not None
+    ctx.emit(ev.AttemptFenced, node_id=node_id, job_id=job.job_id, attempt_id=job.attempt_id, reason=reason)
+
+
+def _lose_attempt(ctx: Context, job: JobRecord, node_id: str, reason: str) -> None:
+    """S5.7 for one attempt: back to RUNNABLE (no retry or preemption counted), or its stop outcome."""
+    share = ctx.state.shares[job.share]
+    if job.stop is not None:
+        stopped(ctx, job, node_id)
+    else:
+        assert job.attempt_id is not None
+        ctx.emit(
+            ev.JobRequeued,
+            job_id=job.job_id,
+            attempt_id=job.attempt_id,
+            cause="NODE_LOST",
+            status_reason=reason,
+        )
+    finish_share_deletion(ctx, share)
+
+
+def heartbeat_granularity(state: ClusterState) -> int:
+    """How often heartbeats are recorded in the log: enough to decide node loss, not more."""
+    return state.heartbeat_timeout_ms // 4
+
+
+def drain(ctx: Context, m: inp.DrainNode) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    if not node.draining:
+        ctx.emit(ev.NodeDraining, node_id=m.node_id)
+    return True
+
+
+def undrain(ctx: Context, m: inp.UndrainNode) -> bool:
+    """An operator puts a drained node back in service (``gpuquota nodes undrain``)."""
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    if node.draining:
+        ctx.emit(ev.NodeUndrained, node_id=m.node_id)
+    return True
+
+
+def deregister(ctx: Context, m: inp.DeregisterNode) -> bool:
+    node = ctx.state.nodes.get(m.node_id)
+    if node is None or not node.online:
+        return reject(ctx, m, f"Node {m.node_id} is not registered")
+    lose_node(ctx, m.node_id, f"Node {m.node_id} deregistered")
+    return True
+
+
+def lose_node(ctx: Context, node_id: str, reason: str) -> None:
+    """S5.7: the node's attempts go back to RUNNABLE (or to their stop outcome), then the node is lost."""
+    for job in jobs_on_node(ctx.state, node_id):
+        _lose_attempt(ctx, job, node_id, reason)
+    ctx.emit(ev.NodeLost, node_id=node_id, reason=reason)
+
+
+def expire_nodes(ctx: Context, now: int) -> None:
+    """S5.7: a node whose last recorded heartbeat is too old is lost."""
+    state = ctx.state
+    # Heartbeats are recorded at most every timeout/4 (``heartbeat``), so the last *recorded* one can
+    # be up to timeout/4 older than the last received one: allow that much more, never declaring a node
+    # lost while a heartbeat arrived within the timeout (S5.7).
+    limit = state.heartbeat_timeout_ms + heartbeat_granularity(state)
+    expired = sorted(n.node_id for n in state.nodes.values() if n.online and now - n.last_heartbeat > limit)
+    for node_id in expired:
+        lose_node(ctx, node_id, f"Node {node_id} lost")

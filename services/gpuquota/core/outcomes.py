@@ -1,0 +1,146 @@
+"""What a node's report of an attempt means for its job (S5.4 to S5.7, S5.9): shared by the
+``AttemptReport`` handler and by node reconciliation (``gpuquota.core.nodes``)."""
+
+from __future__ import annotations
+
+from gpuquota.core.context import Context
+from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
+from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
+from gpuquota.wire import events as ev
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.inputs import SchedulerInput
+
+
+def reject(
+    ctx: Context, message: SchedulerInput, reason: str, job_id: str | None = None, node_id: str | None = None
+) -> bool:
+    ctx.emit(
+        ev.InputRejected,
+        input_event_id=message.event_id,
+        input_type=message.type,
+        reason=reason,
+        job_id=job_id,
+        node_id=node_id,
+    )
+    return False
+
+
+def finish_share_deletion(ctx: Context, share: ShareRecord) -> None:
+    if share.deleting and not share.queue and not any(share.dispatched.values()):
+        ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETED")
+
+
+def jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
+    """The dispatched jobs with a placement on the node, by job id."""
+    return sorted(
+        (
+            job
+            for share in state.shares.values()
+            for ids in share.dispatched.values()
+            for job in (state.jobs[i] for i in ids)
+            if any(p.node_id == node_id for p in job.placements)
+        ),
+        key=lambda j: j.job_id,
+    )
+
+
+def attempt_failed(ctx: Context, job: JobRecord, reason: str) -> None:
+    """S5.4: retry while attempts remain and ``evaluateOnExit`` says RETRY; otherwise FAILED."""
+    assert job.attempt_id is not None
+    if job.failures + 1 < job.retry_attempts and retry_allowed(job.evaluate_on_exit, reason):
+        ctx.emit(
+            ev.JobRequeued, job_id=job.job_id, attempt_id=job.attempt_id, cause="RETRY", status_reason=reason
+        )
+    else:
+        ctx.emit(ev.JobFailed, job_id=job.job_id, attempt_id=job.attempt_id, status_reason=reason)
+
+
+def stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
+    """The attempt is gone: the outcome depends on why it was being stopped (S4.4, S5.5, S5.6, S5.9)."""
+    attempt_id = job.attempt_id
+    assert attempt_id is not None
+    stop = job.stop
+    if stop is None:
+        reason = f"Attempt {attempt_id} was handed back by node {node_id}"
+        ctx.emit(
+            ev.JobRequeued,
+            job_id=job.job_id,
+            attempt_id=attempt_id,
+            cause="HANDED_BACK",
+            status_reason=reason,
+        )
+    elif stop.cause == "PREEMPTED":
+        retries = job.preemption_retries
+        if retries is not None and job.preempted_count + 1 > retries:
+            reason = f"{stop.reason}; preemption retries exhausted ({retries})"
+            ctx.emit(
+                ev.JobFailed, job_id=job.job_id, attempt_id=attempt_id, status_reason=reason, preempted=True
+            )
+        else:
+            ctx.emit(
+                ev.JobRequeued,
+                job_id=job.job_id,
+                attempt_id=attempt_id,
+                cause="PREEMPTED",
+                status_reason=stop.reason,
+            )
+    elif stop.cause == "TIMEOUT":
+        attempt_failed(ctx, job, stop.reason)
+    else:
+        ctx.emit(
+            ev.JobFailed,
+            job_id=job.job_id,
+            attempt_id=attempt_id,
+            status_reason=stop.reason,
+            is_terminated=True,
+        )
+
+
+def failure_reason(m: inp.AttemptReport) -> str:
+    if m.status_reason:
+        return m.status_reason
+    if m.exit_code is not None:
+        return f"Essential container in task exited with code {m.exit_code}"
+    return "Attempt failed"
+
+
+def apply_report(ctx: Context, m: inp.AttemptReport) -> bool:
+    state = ctx.state
+    job = state.jobs.get(m.job_id)
+    if job is None or job.attempt_id != m.attempt_id:
+        if m.status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return False  # a late report of an attempt that is already over: nothing to do
+        ctx.emit(
+            ev.AttemptFenced,
+            node_id=m.node_id,
+            job_id=m.job_id,
+            attempt_id=m.attempt_id,
+            reason="The scheduler does not assign this attempt to the node",
+        )
+        return False
+    if m.node_id not in {p.node_id for p in job.placements}:
+        return reject(ctx, m, f"Attempt {m.attempt_id} is not placed on node {m.node_id}", job_id=m.job_id)
+    meaning = REPORT_TRANSITIONS.get(job.status, {}).get(m.status)
+    if meaning is None:
+        return reject(
+            ctx, m, f"Illegal transition: job {job.job_id} is {job.status} and cannot be {m.status}"
+        )
+    if meaning != "apply":
+        return False
+    share = state.shares[job.share]
+    if m.status == "STARTING":
+        ctx.emit(ev.JobStarting, job_id=job.job_id, attempt_id=m.attempt_id)
+        return False
+    if m.status == "RUNNING":
+        ctx.emit(ev.JobRunning, job_id=job.job_id, attempt_id=m.attempt_id)
+        return False
+    if m.status == "SUCCEEDED":
+        ctx.emit(ev.JobSucceeded, job_id=job.job_id, attempt_id=m.attempt_id)
+    elif job.stop is not None:
+        stopped(ctx, job, m.node_id)
+    elif m.status == "FAILED":
+        attempt_failed(ctx, job, failure_reason(m))
+    else:
+        stopped(ctx, job, m.node_id)
+    finish_share_deletion(ctx, share)
+    return True

@@ -1,0 +1,88 @@
+"""From a ``RunAttempt`` to a ``LaunchSpec``: the checks, the job's environment and its directories.
+
+Every directory a job sees (``SM_CHECKPOINT_DIR``, its log, its working directory, its exit file) is
+absolute: the job's working directory is the node's work directory, so a relative path would resolve
+elsewhere (``gpuquota up`` with its default, relative ``--data-dir``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
+from gpuquota.node_agent.runtime import LaunchSpec
+from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.node_commands import RunAttempt
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe form of an id."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
+def exit_path(work_dir: Path, attempt_id: str) -> Path:
+    """Where the attempt's exit status is recorded (``exit_wrapper.py``)."""
+    return work_dir.absolute() / "exits" / f"{safe_name(attempt_id)}.json"
+
+
+def prepare(
+    cmd: RunAttempt, node_id: str, slots: tuple[SlotOffer, ...], work_dir: Path, *, contained: bool = False
+) -> LaunchSpec:
+    """The launch spec of ``cmd``; raises :class:`BadPayload` with the reason it cannot run here.
+
+    ``contained``: the runtime binds the checkpoint directory at ``CheckpointConfig.LocalPath`` inside the
+    container, so on the node it is the job's own directory.
+    """
+    work_dir = work_dir.absolute()
+    offered = sorted({s.unit for s in slots})
+    request = parse_payload(cmd.payload)
+    for unit in filter(None, (cmd.unit, request.instance_type)):
+        if unit not in offered:
+            offers = ", ".join(offered) or "nothing"
+            raise BadPayload(f"Instance type {unit} is not offered by node {node_id} (offers: {offers})")
+    for index in cmd.slots:
+        if not 0 <= index < len(slots) or slots[index].unit != cmd.unit:
+            raise BadPayload(f"Node {node_id} has no {cmd.unit} slot {index}")
+    gpus = cmd.gpus or tuple(g for i in cmd.slots for g in slots[i].gpus)
+    checkpoint = _checkpoint_dir(cmd, request, work_dir, contained)
+    env = {
+        **request.environment,
+        **hyperparameter_env(request.hyperparameters),
+        "SM_HPS": json.dumps(request.hyperparameters, sort_keys=True),
+        "SM_CURRENT_INSTANCE_TYPE": cmd.unit,
+        "SM_NUM_GPUS": str(len(gpus)),
+        "SM_CHECKPOINT_DIR": str(checkpoint),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+        "GPUQUOTA_JOB_ID": cmd.job_id,
+        "GPUQUOTA_JOB_NAME": cmd.job_name,
+        "GPUQUOTA_ATTEMPT": str(cmd.attempt_number),
+        "GPUQUOTA_ATTEMPT_ID": cmd.attempt_id,
+        "GPUQUOTA_NODE_ID": node_id,
+    }
+    return LaunchSpec(
+        job_id=cmd.job_id,
+        attempt_id=cmd.attempt_id,
+        request=request,
+        env=env,
+        log_path=work_dir / "logs" / f"{safe_name(cmd.attempt_id)}.log",
+        cwd=work_dir,
+        exit_path=exit_path(work_dir, cmd.attempt_id),
+        instance_gpus=tuple(slots[i].gpus for i in cmd.slots) if len(cmd.slots) > 1 else (),
+    )
+
+
+def _checkpoint_dir(cmd: RunAttempt, request: TrainingRequest, work_dir: Path, contained: bool) -> Path:
+    if request.checkpoint_local_path and not contained:
+        path = work_dir / request.checkpoint_local_path  # an absolute LocalPath wins
+    else:
+        path = work_dir / "checkpoints" / safe_name(cmd.job_id)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadPayload(f"Checkpoint directory {path} cannot be created: {exc.strerror or exc}") from None
+    if not path.is_dir() or not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise BadPayload(f"Checkpoint directory {path} is not readable and writable")
+    return path

@@ -1,0 +1,113 @@
+"""What a node agent keeps on disk so that a restarted agent carries on (``work_dir``):
+
+- ``state.json``: every attempt the agent knows, written before it launches the attempt and kept until
+  the scheduler has its final report: the ``RunAttempt``, how to adopt it (runtime, pid, process group,
+  start time, exit file) and, once it ended, its final report.
+- ``finished-attempts``: the ids of the attempts whose final report was delivered, one a line, so that
+  a ``RunAttempt`` delivered again (the scheduler republishes after a restart) never runs twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuquota.node_agent.runtime import AttemptHandle
+from gpuquota.wire.inputs import AttemptReport, AttemptStatus, NodeAttempt
+from gpuquota.wire.node_commands import RunAttempt
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+FINISHED_FILE = "finished-attempts"
+KEEP_FINISHED = 10_000
+
+
+class AttemptBook:
+    def __init__(self, work_dir: Path, node_id: str) -> None:
+        self.work_dir = work_dir
+        self.node_id = node_id
+
+    @property
+    def state_path(self) -> Path:
+        return self.work_dir / STATE_FILE
+
+    @property
+    def finished_path(self) -> Path:
+        return self.work_dir / FINISHED_FILE
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """The attempt records of ``state.json`` (none when it is missing, unreadable or another node's)."""
+        try:
+            doc = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.error("ignoring unreadable %s: %s", self.state_path, exc)
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        if doc.get("node_id") not in (None, self.node_id):
+            log.warning("%s belongs to node %s; ignoring it", self.state_path, doc.get("node_id"))
+            return {}
+        return dict(doc.get("attempts") or {})
+
+    def save(self, attempts: dict[str, dict[str, Any]]) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"node_id": self.node_id, "attempts": attempts}, indent=2))
+        os.replace(tmp, self.state_path)
+
+    def finished(self) -> list[str]:
+        """The last ``KEEP_FINISHED`` finished attempt ids, oldest first (the file is compacted)."""
+        try:
+            ids = self.finished_path.read_text().split()
+        except FileNotFoundError:
+            return []
+        if len(ids) > KEEP_FINISHED:
+            ids = ids[-KEEP_FINISHED:]
+            tmp = self.finished_path.with_suffix(".tmp")
+            tmp.write_text("".join(f"{i}\n" for i in ids))
+            os.replace(tmp, self.finished_path)
+        return ids
+
+    def add_finished(self, attempt_id: str) -> None:
+        with open(self.finished_path, "a") as out:
+            out.write(f"{attempt_id}\n")
+
+
+@dataclass
+class Attempt:
+    """What the agent knows of one attempt, from its ``RunAttempt`` until its final report is delivered."""
+
+    command: RunAttempt
+    handle: AttemptHandle | None = None
+    stop_reason: str | None = None
+    stop_task: asyncio.Task[None] | None = None
+    timed_out: bool = False
+    exited: bool = False
+    adopted: bool = False
+    started_at: float = field(default_factory=time.time)
+    max_runtime: float | None = None
+    task: asyncio.Task[None] | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    status: AttemptStatus = "STARTING"
+    """The last status reported."""
+    final: AttemptReport | None = None
+    """The final report, until its send succeeded (then the attempt is forgotten)."""
+
+    def known(self) -> NodeAttempt:
+        """What the registration and the heartbeats say of this attempt."""
+        cmd, final = self.command, self.final
+        return NodeAttempt(
+            job_id=cmd.job_id,
+            attempt_id=cmd.attempt_id,
+            status=self.status,
+            exit_code=None if final is None else final.exit_code,
+            status_reason=None if final is None else final.status_reason,
+        )
