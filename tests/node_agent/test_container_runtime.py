@@ -225,7 +225,7 @@ async def test_restarted_agent_adopts_a_running_container_and_records_a_finished
     await agent2.start()
     ended = await wait_final(sched2, f"{finishing}-a1", TIMEOUT)
     assert (ended.status, ended.exit_code) == ("SUCCEEDED", 0), "the exit code recorded by the engine"
-    await wait_until(lambda: "RUNNING" in sched2.statuses(f"{running}-a1"), TIMEOUT, "adoption")
+    await wait_until(lambda: f"{running}-a1" in agent2.active_attempts, TIMEOUT, "adoption")
     assert containers(engine, running) == [f"gpuquota-node-1-{running}-a1-algo-1"], "nothing runs twice"
     await agent2.deliver(stop_cmd(running, f"{running}-a1", "The scheduler does not assign this attempt"))
     stopped = await wait_final(sched2, f"{running}-a1", TIMEOUT)
@@ -278,7 +278,7 @@ async def test_restarted_agent_adopts_every_instance_of_a_two_instance_attempt(
     sched2 = Scheduler()
     agent2 = container_agent(make_agent, sched2, engine, work_dir=work, grace=20)
     await agent2.start()
-    await wait_until(lambda: "RUNNING" in sched2.statuses(f"{job}-a1"), TIMEOUT, "adoption")
+    await wait_until(lambda: f"{job}-a1" in agent2.active_attempts, TIMEOUT, "adoption")
     assert len(containers(engine, job)) == 2, "nothing runs twice"
     await agent2.deliver(stop_cmd(job, f"{job}-a1", "Preempted (cross-share): test"))
     assert (await wait_final(sched2, f"{job}-a1", TIMEOUT)).status == "STOPPED"
