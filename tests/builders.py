@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.core import ClusterState, decide, evolve, explain, fingerprint
+from gpuquota.core.blocked import QUOTA_MANAGEMENT_LIMIT_EXCEEDED
 from gpuquota.core.state import JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -214,11 +215,12 @@ class Harness:
         policy: str = "policy",
         priority: int = 1,
         time_limit: int | None = None,
+        time_limit_reason: str = QUOTA_MANAGEMENT_LIMIT_EXCEEDED,
     ) -> Harness:
         actions = (
             ()
             if time_limit is None
-            else (TimeLimitAction(reason="Stuck at head", max_time_seconds=time_limit),)
+            else (TimeLimitAction(reason=time_limit_reason, max_time_seconds=time_limit),)
         )
         spec = JobQueueSpec(
             name=name,
@@ -390,6 +392,11 @@ class Harness:
             if isinstance(event, ev.JobSucceeded | ev.JobFailed) and event.job_id == job_id:
                 return event.status_reason
         raise KeyError(job_id)
+
+    def blocked(self, job_id: str) -> str | None:
+        """The code the job is recorded as blocked with at the head of its share (S9.1), or None."""
+        share = self.state.shares[self.state.jobs[job_id].share]
+        return share.blocked[1] if share.blocked is not None and share.blocked[0] == job_id else None
 
     def terminated(self, job_id: str) -> bool:
         return any(
@@ -596,6 +603,10 @@ class Expect:
     def reason(job_id: str, text: str) -> Check:
         """The job's statusReason contains ``text``."""
         return Check(f"{job_id} reason ~ {text!r}", lambda h: text in h.reason(job_id))
+
+    @staticmethod
+    def blocked(job_id: str, code: str | None) -> Check:
+        return Expect.that(f"{job_id} blocked with {code}", lambda h: h.blocked(job_id) == code)
 
     @staticmethod
     def terminated(job_id: str) -> Check:

@@ -85,6 +85,8 @@ class JobView:
     spec: JobSpec
     status: JobStatus = JobStatus.SUBMITTED
     status_reason: str | None = None
+    blocked_reason: str | None = None
+    """S9.1: while the job is a blocked head, its ``statusReason`` (``JobBlocked``)."""
     priority: int = 0
     scheduled_at: int | None = None
     started_at: int | None = None
@@ -248,6 +250,7 @@ class ReadModel:
         self._dequeue(job)
         job.status = JobStatus.SCHEDULED
         job.status_reason = None
+        job.blocked_reason = None
         job.scheduled_at = e.occurred_at
         job.stopped_at = None
         attempt = AttemptView(
@@ -327,6 +330,14 @@ class ReadModel:
             },
         )
         del job.preemptions[RECENT_PREEMPTIONS:]
+
+    def _on_JobBlocked(self, e: ev.JobBlocked) -> None:
+        if (job := self.jobs.get(e.job_id)) is not None:
+            job.blocked_reason = e.status_reason
+
+    def _on_JobUnblocked(self, e: ev.JobUnblocked) -> None:
+        if (job := self.jobs.get(e.job_id)) is not None:
+            job.blocked_reason = None
 
     def _on_JobPriorityChanged(self, e: ev.JobPriorityChanged) -> None:
         job = self.jobs[e.job_id]
@@ -480,8 +491,9 @@ class ReadModel:
             "capacityUsage": self._capacity_usage(job),
             "isTerminated": job.is_terminated,
         }
-        if job.status_reason:
-            out["statusReason"] = job.status_reason
+        blocked = job.blocked_reason if job.status is JobStatus.RUNNABLE else None
+        if blocked or job.status_reason:
+            out["statusReason"] = blocked or job.status_reason
         for key, value in (
             ("scheduledAt", job.scheduled_at),
             ("startedAt", job.started_at),

@@ -111,7 +111,12 @@ def test_job_queue_lifecycle(batch: Any) -> None:
         jobQueue="jq",
         priority=5,
         jobStateTimeLimitActions=[
-            {"reason": "stuck", "state": "RUNNABLE", "maxTimeSeconds": 600, "action": "TERMINATE"}
+            {
+                "reason": "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED",
+                "state": "RUNNABLE",
+                "maxTimeSeconds": 600,
+                "action": "TERMINATE",
+            }
         ],
     )
     (queue,) = batch.describe_job_queues()["jobQueues"]
@@ -145,7 +150,14 @@ def test_job_queue_validation(batch: Any) -> None:
         )
         == "Service environment nope does not exist"
     )
-    actions = [{"reason": "r", "state": "RUNNABLE", "maxTimeSeconds": 599, "action": "TERMINATE"}]
+    actions = [
+        {
+            "reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+            "state": "RUNNABLE",
+            "maxTimeSeconds": 599,
+            "action": "TERMINATE",
+        }
+    ]
     assert "between 600 and 86400" in client_error(
         batch.create_job_queue, **base, jobStateTimeLimitActions=actions
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuquota.core.blocked import TIME_LIMIT_REASON
 from gpuquota.core.context import Context, EventHook
 from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
 from gpuquota.core.quota import share_limit
@@ -580,13 +581,18 @@ def _tick(ctx: Context, m: inp.Tick) -> bool:
 
 
 def _time_limits(ctx: Context, now: int) -> None:
-    """S5.8: a RUNNABLE job at the head of its share for longer than the queue's limit fails."""
+    """S9.2: a head job blocked with an action's reason for its ``maxTimeSeconds`` fails."""
     state = ctx.state
     for share in list(state.shares.values()):
-        queue = state.queues.get(share.key[0])
-        if queue is None or not queue.time_limit_actions or share.head_since is None:
+        blocked = share.blocked
+        if blocked is None:
             continue
-        job_id, since = share.head_since
-        action = min(queue.time_limit_actions, key=lambda a: a.max_time_seconds)
-        if now - since >= action.max_time_seconds * 1000:
-            ctx.emit(ev.JobFailed, job_id=job_id, status_reason=action.reason, is_terminated=True)
+        queue = state.queues.get(share.key[0])
+        job_id, code, _, since = blocked
+        head = state.head(share)
+        if queue is None or head is None or head.job_id != job_id:
+            continue
+        limits = [a.max_time_seconds for a in queue.time_limit_actions if a.reason == code]
+        if limits and now - since >= min(limits) * 1000:
+            reason = TIME_LIMIT_REASON.format(code=code)
+            ctx.emit(ev.JobFailed, job_id=job_id, status_reason=reason, is_terminated=True)

@@ -299,6 +299,24 @@ def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
             _add_victim(state, job)
 
 
+@_handles(ev.JobBlocked)
+def _blocked(state: ClusterState, event: ev.JobBlocked) -> None:
+    share = state.shares[(event.job_queue, event.quota_share)]
+    current = share.blocked
+    # S9.2: a time limit counts from when the job became blocked with this code; new figures in the
+    # same code's text do not restart it.
+    same = current is not None and current[0] == event.job_id and current[1] == event.code
+    since = current[3] if same and current is not None else event.occurred_at
+    share.put("blocked", (event.job_id, event.code, event.status_reason, since))
+
+
+@_handles(ev.JobUnblocked)
+def _unblocked(state: ClusterState, event: ev.JobUnblocked) -> None:
+    share = state.shares.get((event.job_queue, event.quota_share))
+    if share is not None and share.blocked is not None and share.blocked[0] == event.job_id:
+        share.put("blocked", None)
+
+
 @_handles(ev.PreemptionHoldReleased)
 def _hold_released(state: ClusterState, event: ev.PreemptionHoldReleased) -> None:
     state.dict_pop(state.holds, event.job_id)

@@ -5,8 +5,10 @@ The reason codes, checked in this order (the first that applies is the answer):
 - ``BEHIND_SHARE_HEAD``: another job of the share is first in line (S3.2, no backfill).
 - ``WAITING_FOR_PREEMPTION``: capacity is being freed for this job by preemptions in progress (S4.3).
 - ``SERVICE_ENVIRONMENT_DISABLED``: the job queue's service environment places no jobs.
-- ``NO_CAPACITY_FOR_UNIT``: the service environment or the pool has no capacity for the job's unit.
-- ``EXCEEDS_SHARE_MAXIMUM``: the job is larger than its share may ever hold (M(s,u)).
+- ``MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE``, ``MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED``,
+  ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``: the job is blocked (S9.1, ``gpuquota.core.blocked``):
+  it can never run as configured, or the pool's nodes do not offer enough slots; the message says so.
+- ``NO_CAPACITY_FOR_UNIT``: the pool's capacity for the job's unit is taken by other environments.
 - ``WAITING_FOR_OWN_QUOTA``: the job is within its share's limit, but the capacity is in use and
   nothing borrowed can be reclaimed for it; or its share may not borrow and is at its limit.
 - ``BORROW_LIMIT_REACHED``: the share would exceed its borrow limit.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from gpuquota.core.blocked import INSUFFICIENT_INSTANCE_CAPACITY, blocked_reason
 from gpuquota.core.quota import Figures, figures_for
 from gpuquota.core.state import ClusterState, JobRecord
 from gpuquota.wire.base import JobStatus, Strategy
@@ -98,13 +101,10 @@ def _runnable_reason(
         return "WAITING_FOR_PREEMPTION", f"Waiting for {victims} preempted job(s) to stop"
     if f is None or not f.environment_enabled:
         return "SERVICE_ENVIRONMENT_DISABLED", "The job queue's service environment is missing or DISABLED"
+    if (blocked := _blocked(state, job)) is not None:
+        return blocked
     if f.capacity == 0:
         return "NO_CAPACITY_FOR_UNIT", f"No capacity for {job.unit} in the service environment or its pool"
-    if f.share_max is not None and f.demand > f.share_max:
-        return (
-            "EXCEEDS_SHARE_MAXIMUM",
-            f"Needs {f.demand} {job.unit} but the share may hold at most {f.share_max}",
-        )
     if f.in_quota and not f.within_capacity:
         return "WAITING_FOR_OWN_QUOTA", (
             f"Within quota ({f.share_usage}+{f.demand} <= {f.share_limit}) but the pool is full "
@@ -131,3 +131,17 @@ def _runnable_reason(
     if not f.placeable:
         return "NO_FREE_SLOTS", f"Needs {f.demand} free slots; {f.free_slots} free on usable nodes"
     return "READY", "The job fits and will be dispatched by the next scheduling pass"
+
+
+def _blocked(state: ClusterState, job: JobRecord) -> tuple[str, str] | None:
+    """S9.1: a head job that cannot run however long it waits; the advice says so (not "wait")."""
+    environment = state.environment_of_queue(job.share[0])
+    if environment is None:
+        return None
+    found = blocked_reason(state, environment, state.shares[job.share], job)
+    if found is None:
+        return None
+    code, text = found
+    if code == INSUFFICIENT_INSTANCE_CAPACITY:
+        return code, f"{text}. It runs once nodes offering enough slots are online (or lower its demand)"
+    return code, f"{text}. It can never run as configured: lower its demand or raise the limit"

@@ -18,6 +18,8 @@ state under trial) at once, so later phases see earlier decisions.
 3. Reclaim phase (S4.1). Blocked in-quota heads, oldest first, reclaim capacity from borrowing shares.
 4. In-share phase (S4.2). Heads that still wait, in shares with in-share preemption, preempt strictly
    lower-priority jobs of their own share.
+5. Blocked heads (S9.1). Every share's head that can never run as things are is recorded with its
+   reason (``gpuquota.core.blocked``), and a head that no longer is, cleared.
 
 Without backfill (the default) only heads are ever considered (S3.2). With the policy's ``backfill``
 extension, a blocked head lets up to ``BACKFILL_SCAN`` later jobs of its share try the same phase.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
+from gpuquota.core.blocked import record_blocked
 from gpuquota.core.context import Context, construct
 from gpuquota.core.preemption import cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
@@ -115,6 +118,8 @@ class EnvironmentPass:
         # 4. In-share phase for every head that still waits.
         for job in sorted(waiting + blocked_borrowing + self.over_quota_heads(), key=head_order):
             self.preempt_in_share(job)
+        # 5. Record which heads can never run as things are (S9.1).
+        record_blocked(self.ctx, self.environment, self.shares)
 
     # ----- phase 0 -----------------------------------------------------------------------------
 

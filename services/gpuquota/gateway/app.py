@@ -32,6 +32,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gpuquota.arns import ArnFactory
+from gpuquota.core.blocked import BLOCKED_CODES
 from gpuquota.core.explain import Explanation
 from gpuquota.gateway.auth import AccessDenied, Keyring, Principal, SignedRequest, verify
 from gpuquota.gateway.errors import ApiError, ClientException, ServerException
@@ -358,7 +359,7 @@ class Gateway:
                 )
             actions.append(
                 TimeLimitAction(
-                    reason=item.req_string("reason", max_len=1024),
+                    reason=item.req_enum("reason", BLOCKED_CODES),
                     max_time_seconds=item.req_integer("maxTimeSeconds", low=600, high=86400),
                 )
             )

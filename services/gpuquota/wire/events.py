@@ -185,6 +185,36 @@ class JobPriorityChanged(Message):
     priority: int
 
 
+BlockedCode = Literal[
+    "MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE",
+    "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED",
+    "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+]
+"""Why a RUNNABLE head job is blocked (S9.1): AWS's codes, also the only valid time-limit reasons."""
+
+
+class JobBlocked(Message):
+    """The head of a quota share is blocked (S9.1); its ``statusReason`` is ``status_reason`` from now.
+
+    Recorded when the code or its figures change: ``since`` (S9.2) is kept while the code stays."""
+
+    type: Literal["JobBlocked"] = "JobBlocked"
+    job_id: str
+    job_queue: str
+    quota_share: str
+    code: BlockedCode
+    status_reason: str
+
+
+class JobUnblocked(Message):
+    """The job recorded as blocked in its share no longer is (it fits, moved, or left the head)."""
+
+    type: Literal["JobUnblocked"] = "JobUnblocked"
+    job_id: str
+    job_queue: str
+    quota_share: str
+
+
 class PreemptionHoldReleased(Message):
     """The capacity held for a preemptor (S4.3) is no longer held."""
 
@@ -244,6 +274,8 @@ SchedulerEvent = Annotated[
     | JobPreempted
     | JobStopRequested
     | JobPriorityChanged
+    | JobBlocked
+    | JobUnblocked
     | PreemptionHoldReleased
     | AttemptFenced
     | NodeRegistered

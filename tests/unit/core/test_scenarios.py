@@ -13,6 +13,12 @@ from collections.abc import Callable
 import pytest
 
 from gpuquota.core import fingerprint, replay
+from gpuquota.core.blocked import (
+    INSUFFICIENT_INSTANCE_CAPACITY,
+    QUOTA_MANAGEMENT_LIMIT_EXCEEDED,
+    SERVICE_ENVIRONMENT_MAX_RESOURCE,
+    TIME_LIMIT_REASON,
+)
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import State
@@ -33,6 +39,11 @@ from tests.builders import (
 )
 
 SCHEDULED, RUNNING, RUNNABLE = "SCHEDULED", "RUNNING", "RUNNABLE"
+QUOTA_LIMIT, SE_MAX, NO_NODES = (
+    QUOTA_MANAGEMENT_LIMIT_EXCEEDED,
+    SERVICE_ENVIRONMENT_MAX_RESOURCE,
+    INSUFFICIENT_INSTANCE_CAPACITY,
+)
 SUCCEEDED, FAILED, REJECTED = "SUCCEEDED", "FAILED", "REJECTED"
 
 
@@ -568,15 +579,30 @@ CASES: dict[str, Case] = {
               want=[expect.placement("a2", ("node-1", (0,), (0,)))]),
         Round([do.submit(job("a3").needs(2))], want_status={"a3": RUNNABLE}),
     ]),
-    "time_limit_fails_runnable_head": Case("S5.8", pool(1, lend("QS1"), time_limit=60), [
-        Round([do.submit(job("a1")), do.running("a1"), do.submit(job("a2"), job("a3")),
-               do.elapse(59_000)],
-              want_status={"a1": RUNNING, "a2": RUNNABLE, "a3": RUNNABLE}),
-        Round([do.elapse(2_000)], want_status={"a1": RUNNING, "a2": FAILED, "a3": RUNNABLE},
-              want=[expect.reason("a2", "Stuck at head"), expect.terminated("a2")]),
-        # a3 became the head only now: its own clock starts now.
-        Round([do.elapse(30_000)], want_status={"a3": RUNNABLE}),
-        Round([do.elapse(31_000)], want_status={"a3": FAILED, "a1": RUNNING}),
+    "time_limit_fails_only_blocked_heads": Case("S9.1, S9.2", pool(2, lend("QS1"), lab("B"), time_limit=60), [
+        # a2 only waits its turn (its share is at its limit): not blocked, never timed out.
+        Round([do.submit(job("a1"), job("a2")), do.running("a1"), do.elapse(120_000)],
+              want_status={"a1": RUNNING, "a2": RUNNABLE}, want_reason={"a2": "WAITING_FOR_OWN_QUOTA"},
+              want=[expect.blocked("a2", None)]),
+        # big can never fit QS1 (limit 1, LEND): blocked at the head, its clock starts now.
+        Round([do.submit(job("big").needs(2).priority(5)), do.elapse(59_000)],
+              want_status={"big": RUNNABLE, "a2": RUNNABLE},
+              want_reason={"big": QUOTA_LIMIT, "a2": "BEHIND_SHARE_HEAD"},
+              want=[expect.blocked("big", QUOTA_LIMIT)]),
+        Round([do.elapse(2_000)], want_status={"big": FAILED, "a2": RUNNABLE, "a1": RUNNING},
+              want=[expect.reason("big", TIME_LIMIT_REASON.format(code=QUOTA_LIMIT)),
+                    expect.terminated("big"), expect.blocked("a2", None)]),
+        # A LEND_AND_BORROW share with an unbounded borrow limit is blocked only by the SE's limit.
+        Round([do.submit(job("b3").share("B").needs(3)), do.elapse(61_000)],
+              want_status={"b3": RUNNABLE}, want_reason={"b3": SE_MAX},
+              want=[expect.blocked("b3", SE_MAX)]),
+    ]),
+    "blocked_by_missing_nodes_until_they_come": Case("S9.1", pool(2, lend("QS1", 2), nodes=2), [
+        Round([do.deregister("node-1"), do.submit(job("a").needs(2))], want_status={"a": RUNNABLE},
+              want_reason={"a": NO_NODES}, want=[expect.blocked("a", NO_NODES)]),
+        Round([do.register("node-1", ml_g5_xlarge=1)], want_status={"a": SCHEDULED},
+              want=[expect.blocked("a", None),
+                    expect.last_events("NodeRegistered", "JobDispatched", "JobUnblocked")]),
     ]),
     "share_deletion_rules": Case("S5.9", pool(1, lend("A"), lend("B")), [
         Round([do.submit(job("b1").share("B"), job("b2").share("B"), job("a1").share("A"),

@@ -1,0 +1,103 @@
+"""Where migrating AWS users look first (issue #14): blocked-job reasons, time-limit actions, texts.
+
+S9.1: only a RUNNABLE head job that can never run as things are carries a ``statusReason``, in
+DescribeServiceJob and in ListServiceJobs; S9.2: ``jobStateTimeLimitActions`` act only on such jobs.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+from tests.gateway.conftest import Stack, wait_for
+from tests.gateway.helpers import QUEUE_ARN, create_queue, create_share, payload, status, submit
+from tests.gateway.test_gpuquota_endpoints import get
+from tests.gateway.test_resources import client_error
+
+SE_MAX = "MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE"
+QUOTA_LIMIT = "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED"
+NO_NODES = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"
+
+
+def reason(batch: Any, job_id: str) -> str | None:
+    return batch.describe_service_job(jobId=job_id).get("statusReason")
+
+
+def listed_reasons(batch: Any) -> dict[str, str | None]:
+    jobs = batch.list_service_jobs(jobQueue="jq", jobStatus="RUNNABLE")["jobSummaryList"]
+    return {j["jobName"]: j.get("statusReason") for j in jobs}
+
+
+def explanation(stack: Stack, job_id: str) -> dict[str, Any]:
+    arn = urllib.parse.quote(job_id, safe="")
+    body: dict[str, Any] = get(stack, f"/gpuquota/v1/jobs/{arn}/explain")[2]["explanation"]
+    return body
+
+
+def test_blocked_heads_carry_aws_reasons(stack: Stack) -> None:
+    batch = stack.client
+    create_queue(batch, capacity=3)
+    create_share(batch, "A", "LEND", limit=1)
+    create_share(batch, "B", "LEND_AND_BORROW", limit=1)
+    create_share(batch, "C", "LEND", limit=1)
+    stack.register_node(count=2)
+    too_big = submit(batch, "too-big", "B", serviceRequestPayload=payload(count=4))
+    over_share = submit(batch, "over-share", "A", serviceRequestPayload=payload(count=2))
+    no_nodes = submit(batch, "no-nodes", "B", priority=9, serviceRequestPayload=payload(count=3))
+    running = submit(batch, "running", "C")
+    waiting = submit(batch, "waiting", "C")
+
+    wait_for(lambda: status(batch, running) == "SCHEDULED")
+    assert wait_for(lambda: reason(batch, over_share)) == (
+        f"{QUOTA_LIMIT} - Job needs 2 ml.g5.xlarge but quota share A may hold at most 1"
+    )
+    assert str(reason(batch, no_nodes)).startswith(f"{NO_NODES} - Job needs 3 ml.g5.xlarge")
+    # too-big waits behind no-nodes (priority 9): not the head, so no reason; waiting is at its limit.
+    assert reason(batch, too_big) is None and reason(batch, waiting) is None
+    assert listed_reasons(batch) == {
+        "too-big": None,
+        "over-share": reason(batch, over_share),
+        "no-nodes": reason(batch, no_nodes),
+        "waiting": None,
+    }
+    assert explanation(stack, waiting)["reason"] == "WAITING_FOR_OWN_QUOTA"
+    never = explanation(stack, over_share)
+    assert never["reason"] == QUOTA_LIMIT and "can never run as configured" in never["message"]
+
+    # A node joins: no-nodes is no longer blocked (it now waits for capacity C's job holds).
+    stack.register_node("node-2", count=2)
+    assert wait_for(lambda: reason(batch, no_nodes) is None)
+    # The head leaves: too-big is now the head, blocked by the environment's limit.
+    batch.terminate_service_job(jobId=no_nodes, reason="not needed")
+    assert wait_for(lambda: reason(batch, too_big)) == (
+        f"{SE_MAX} - Job needs 4 ml.g5.xlarge but service environment se allows at most 3"
+    )
+    assert explanation(stack, too_big)["reason"] == SE_MAX
+
+
+def test_time_limit_actions_fail_only_heads_blocked_with_their_reason(stack: Stack) -> None:
+    batch = stack.client
+    create_queue(batch, capacity=3)
+    create_share(batch, "A", "RESERVE", limit=1)
+    create_share(batch, "B", "LEND", limit=1)
+    actions = [{"reason": QUOTA_LIMIT, "state": "RUNNABLE", "maxTimeSeconds": 600, "action": "TERMINATE"}]
+    batch.update_job_queue(jobQueue="jq", jobStateTimeLimitActions=actions)
+    stack.register_node(count=3)
+    a1, a2 = submit(batch, "a1", "A"), submit(batch, "a2", "A")
+    b1, b2 = submit(batch, "b1", "B"), submit(batch, "b2", "B", serviceRequestPayload=payload(count=2))
+    wait_for(lambda: status(batch, a1) == "SCHEDULED" and status(batch, b1) == "SCHEDULED")
+    assert wait_for(lambda: reason(batch, b2), timeout=20).startswith(QUOTA_LIMIT)
+
+    stack.tick_later(601)
+    wait_for(lambda: status(batch, b2) == "FAILED", timeout=20)
+    described = batch.describe_service_job(jobId=b2)
+    assert described["statusReason"] == f"Terminated by JobStateTimeLimit action due to reason: {QUOTA_LIMIT}"
+    # a2 only waited its turn at its share's limit: AWS leaves it alone, and so does gpuquota.
+    assert status(batch, a2) == "RUNNABLE"
+
+
+def test_time_limit_reason_must_be_a_blocked_code(batch: Any) -> None:
+    create_queue(batch)
+    actions = [{"reason": "Stuck", "state": "RUNNABLE", "maxTimeSeconds": 600, "action": "TERMINATE"}]
+    message = client_error(batch.update_job_queue, jobQueue=QUEUE_ARN, jobStateTimeLimitActions=actions)
+    assert "jobStateTimeLimitActions[0].reason" in message and QUOTA_LIMIT in message
