@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuquota.core import ClusterState, decide, evolve, explain, fingerprint
 from gpuquota.core.blocked import QUOTA_MANAGEMENT_LIMIT_EXCEEDED
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.core.state import JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -327,7 +328,7 @@ class Harness:
             self.report(job_id, "SUCCEEDED")
         return self
 
-    def fail(self, job_id: str, reason: str = "Essential container in task exited with code 1") -> Harness:
+    def fail(self, job_id: str, reason: str = algorithm_error("exited with code 1")) -> Harness:
         return self.report(job_id, "FAILED", exit_code=1, status_reason=reason)
 
     def stop_all_preempted(self) -> Harness:
@@ -491,7 +492,7 @@ class Do:
         return Step(f"succeed{job_ids}", lambda h: h.succeed(*job_ids))
 
     @staticmethod
-    def fail(job_id: str, reason: str = "Essential container in task exited with code 1") -> Step:
+    def fail(job_id: str, reason: str = algorithm_error("exited with code 1")) -> Step:
         return Step(f"fail({job_id},{reason!r})", lambda h: h.fail(job_id, reason))
 
     @staticmethod

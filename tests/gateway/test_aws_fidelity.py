@@ -101,3 +101,24 @@ def test_time_limit_reason_must_be_a_blocked_code(batch: Any) -> None:
     actions = [{"reason": "Stuck", "state": "RUNNABLE", "maxTimeSeconds": 600, "action": "TERMINATE"}]
     message = client_error(batch.update_job_queue, jobQueue=QUEUE_ARN, jobStateTimeLimitActions=actions)
     assert "jobStateTimeLimitActions[0].reason" in message and QUOTA_LIMIT in message
+
+
+def test_attempt_texts_read_as_aws_writes_them(stack: Stack) -> None:
+    batch = stack.client
+    create_queue(batch)
+    create_share(batch, "QS1", "LEND", limit=3)
+    stack.register_node(count=3)
+    done = submit(batch, "done", "QS1")
+    # A rule ported from AWS: do not retry algorithm errors.
+    rules = [{"action": "EXIT", "onStatusReason": "Received status from SageMaker: AlgorithmError*"}]
+    broken = submit(batch, "broken", "QS1", retryStrategy={"attempts": 3, "evaluateOnExit": rules})
+    wait_for(lambda: status(batch, done) == "SCHEDULED" and status(batch, broken) == "SCHEDULED")
+    stack.report(done, "RUNNING")
+    stack.report(done, "SUCCEEDED", exit_code=0)
+    stack.report(broken, "RUNNING")
+    stack.report(broken, "FAILED", exit_code=3)
+    wait_for(lambda: status(batch, done) == "SUCCEEDED" and status(batch, broken) == "FAILED")
+    assert reason(batch, done) == "Received status from SageMaker: Training job completed"
+    described = batch.describe_service_job(jobId=broken)
+    assert described["statusReason"] == "Received status from SageMaker: AlgorithmError: exited with code 3"
+    assert len(described["attempts"]) == 1  # the EXIT rule matched: no retry

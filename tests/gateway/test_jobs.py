@@ -49,6 +49,9 @@ def test_submit_and_describe(stack: Stack, queue: Any) -> None:
     assert job["jobArn"] == f"arn:aws:batch:us-east-1:000000000000:service-job/{job['jobId']}"
     described = queue.describe_service_job(jobId=job["jobArn"])
     described.pop("ResponseMetadata")
+    # S9.1: no node is registered yet, so the head job is blocked for capacity (as on AWS).
+    blocked = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - Job needs 1 ml.g5.xlarge but the online nodes"
+    assert described.pop("statusReason").startswith(blocked)
     assert described == {
         "jobId": job["jobId"],
         "jobArn": job["jobArn"],

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuquota.core.blocked import TIME_LIMIT_REASON
 from gpuquota.core.context import Context, EventHook
-from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
+from gpuquota.core.lifecycle import REPORT_TRANSITIONS, algorithm_error, retry_allowed
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
@@ -427,7 +427,7 @@ def _failure_reason(m: inp.AttemptReport) -> str:
     if m.status_reason:
         return m.status_reason
     if m.exit_code is not None:
-        return f"Essential container in task exited with code {m.exit_code}"
+        return algorithm_error(f"exited with code {m.exit_code}")
     return "Attempt failed"
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
 from gpuquota.node_agent.runtime import AttemptHandle, LaunchError, LaunchSpec, Outcome, Runtime, describe
 from gpuquota.wire.base import SlotOffer
@@ -325,10 +326,13 @@ class NodeAgent:
         elif outcome.signal is not None:
             name = _signal_name(outcome.signal)
             self._report(
-                att, "FAILED", reason=f"Attempt killed by signal {name}", exit_code=_exit_code(outcome)
+                att,
+                "FAILED",
+                reason=algorithm_error(f"killed by signal {name}"),
+                exit_code=_exit_code(outcome),
             )
         elif outcome.exit_code is not None:
-            reason = f"Essential container in task exited with code {outcome.exit_code}"
+            reason = algorithm_error(f"exited with code {outcome.exit_code}")
             self._report(att, "FAILED", reason=reason, exit_code=outcome.exit_code)
         else:
             self._report(att, "FAILED", reason=LOST_REASON if att.adopted else "Attempt lost")

@@ -103,7 +103,8 @@ class JobSucceeded(Message):
     type: Literal["JobSucceeded"] = "JobSucceeded"
     job_id: str
     attempt_id: str
-    status_reason: str = "Essential container in task exited"
+    status_reason: str = "Received status from SageMaker: Training job completed"
+    """S9.3: AWS's text (``gpuquota.core.lifecycle.SUCCEEDED_REASON``)."""
     status: Literal[JobStatus.SUCCEEDED] = JobStatus.SUCCEEDED
 
 

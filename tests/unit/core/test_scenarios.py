@@ -19,6 +19,7 @@ from gpuquota.core.blocked import (
     SERVICE_ENVIRONMENT_MAX_RESOURCE,
     TIME_LIMIT_REASON,
 )
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import State
@@ -501,7 +502,7 @@ CASES: dict[str, Case] = {
         Round([do.submit(job("j").retries(3)), do.running("j"), do.fail("j")],
               want_status={"j": SCHEDULED}, want=[expect.attempt("j", 2), expect.failures("j", 1)]),
         Round([do.running("j"), do.fail("j")], want_status={"j": SCHEDULED}, want=[expect.attempt("j", 3)]),
-        Round([do.running("j"), do.fail("j", "Essential container in task exited with code 3")],
+        Round([do.running("j"), do.fail("j", algorithm_error("exited with code 3"))],
               want_status={"j": FAILED}, want=[expect.reason("j", "exited with code 3")]),
     ]),
     "evaluate_on_exit_first_match_wins": Case("S5.4", pool(4, lend("QS1", 4)), [
