@@ -102,7 +102,7 @@ def test_submit_validation(queue: Any) -> None:
     rules = [{"action": "RETRY", "onStatusReason": "*"}] * 6
     assert "at most 5 entries" in error(retryStrategy={"attempts": 2, "evaluateOnExit": rules})
     assert "1 to 128 characters" in error(jobName="bad name")
-    assert "JSON object" in error(serviceRequestPayload="not json")
+    assert "serviceRequestPayload is not valid JSON" in error(serviceRequestPayload="not json")
     assert "ResourceConfig" in error(serviceRequestPayload="{}")
     assert "10 KiB" in error(serviceRequestPayload=payload(Padding="x" * 10_300))
     assert "at least 1" in error(serviceRequestPayload=payload(count=0))
@@ -253,7 +253,7 @@ def test_list_filters_and_pagination(stack: Stack, queue: Any) -> None:
     )
     assert "between 1 and 100" in client_error(queue.list_service_jobs, maxResults=101)
     assert "between 1 and 100" in client_error(queue.list_service_jobs, maxResults=0)
-    assert client_error(queue.list_service_jobs, nextToken="garbage") == "Invalid nextToken"
+    assert client_error(queue.list_service_jobs, nextToken="garbage") == "Invalid value for nextToken"
 
 
 def test_snapshot_of_a_waiting_queue(stack: Stack, queue: Any) -> None:
