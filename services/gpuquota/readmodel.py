@@ -139,6 +139,8 @@ class ReadModel:
         self.client_tokens: dict[str, tuple[str, str]] = {}
         """SubmitServiceJob ``clientToken`` -> (fingerprint of the request, job id)."""
         self.last_event_at = 0
+        self.head_since: dict[ShareKey, tuple[str, int]] = {}
+        """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
 
     # ----- projection --------------------------------------------------------------------------
 
@@ -224,11 +226,29 @@ class ReadModel:
         if queue is None:
             queue = self.runnable[job.share] = SortedList()
         queue.add(job.runnable_key)
+        self._note_head(job.share)
 
     def _dequeue(self, job: JobView) -> None:
         queue = self.runnable.get(job.share)
         if queue is not None and job.runnable_key in queue:
             queue.remove(job.runnable_key)
+            self._note_head(job.share)
+
+    def _note_head(self, share: ShareKey) -> None:
+        keys = self.runnable.get(share)
+        head = keys[0][2] if keys else None
+        current = self.head_since.get(share)
+        if head is None:
+            self.head_since.pop(share, None)
+        elif current is None or current[0] != head:
+            self.head_since[share] = (head, self.last_event_at)
+
+    def time_at_position(self, job: JobView) -> int:
+        """When the job reached its place: the front of its share if it is there, else RUNNABLE."""
+        since = self.head_since.get(job.share)
+        if since is not None and since[0] == job.spec.job_id:
+            return max(since[1], job.runnable_since)
+        return job.runnable_since
 
     def _release(self, job: JobView) -> None:
         if job.held is not None:
@@ -433,8 +453,10 @@ class ReadModel:
             "jobQueueType": "SAGEMAKER_TRAINING",
             "tags": dict(spec.tags),
         }
-        if view.status_reason:
-            out["statusReason"] = view.status_reason
+        # AWS describes a healthy queue as such; gpuquota's own reasons (a rejected change) win.
+        healthy = "JobQueue Healthy" if view.status == "VALID" else None
+        if view.status_reason or healthy:
+            out["statusReason"] = view.status_reason or healthy
         if spec.time_limit_actions:
             out["jobStateTimeLimitActions"] = [
                 {
@@ -616,14 +638,17 @@ class ReadModel:
             if keys:
                 head = self.jobs[keys[0][2]]
                 fronts[name] = [
-                    {"jobArn": self.arns.job(head.spec.job_id), "earliestTimeAtPosition": head.runnable_since}
+                    {
+                        "jobArn": self.arns.job(head.spec.job_id),
+                        "earliestTimeAtPosition": self.time_at_position(head),
+                    }
                 ]
                 candidates.extend((key, name) for key in keys[:100])
         candidates.sort()
         front = [
             {
                 "jobArn": self.arns.job(key[2]),
-                "earliestTimeAtPosition": self.jobs[key[2]].runnable_since,
+                "earliestTimeAtPosition": self.time_at_position(self.jobs[key[2]]),
             }
             for key, _ in candidates[:100]
         ]

@@ -29,7 +29,7 @@ from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobStatus, QuotaShareSpec, State, Strategy
+from gpuquota.wire.base import JobQueueSpec, JobStatus, QuotaShareSpec, State, Strategy
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
 
@@ -189,31 +189,58 @@ def _create_queue(ctx: Context, m: inp.CreateJobQueue) -> bool:
 def _update_queue(ctx: Context, m: inp.UpdateJobQueue) -> bool:
     state, spec = ctx.state, m.spec
     old = state.queues.get(spec.name)
-    if old is None:
+    if old is None or spec.name in state.queues_deleting:
         return reject(ctx, m, f"Job queue {spec.name} does not exist")
-    if spec.service_environment != old.service_environment:
-        return reject(ctx, m, "The service environment of a quota-share job queue cannot be changed")
+    if (problem := _environment_change_problem(state, old, spec)) is not None:
+        return reject(ctx, m, problem)
     if spec.scheduling_policy not in state.policies:
         return reject(ctx, m, f"Scheduling policy {spec.scheduling_policy} does not exist")
     ctx.emit(ev.JobQueueChanged, spec=spec)
     return True
 
 
+def _environment_change_problem(state: ClusterState, old: JobQueueSpec, new: JobQueueSpec) -> str | None:
+    """A queue may move to another service environment (AWS allows it) that no other queue uses;
+    across pools only while none of its jobs holds slots (they hold them in the old pool)."""
+    if new.service_environment == old.service_environment:
+        return None
+    target = state.environments.get(new.service_environment)
+    if target is None:
+        return f"Service environment {new.service_environment} does not exist"
+    taken = [q.name for q in state.queues.values() if q.service_environment == target.name]
+    if taken:
+        return f"Service environment {target.name} is already used by job queue {taken[0]}"
+    source = state.environments.get(old.service_environment)
+    holding = any(ids for share in state.shares_of_queue(old.name) for ids in share.dispatched.values())
+    if holding and (source is None or source.pool != target.pool):
+        return f"Job queue {old.name} has dispatched jobs in pool {source.pool if source else '?'}"
+    return None
+
+
 @_handles(inp.DeleteJobQueue)
 def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
-    spec = ctx.state.queues.get(m.name)
-    if spec is None:
+    """AWS asks only that the queue be DISABLED and terminates its jobs. gpuquota deletes the queue's
+    quota shares with it (S5.9, whatever their state); the queue is DELETED once they are gone."""
+    state = ctx.state
+    spec = state.queues.get(m.name)
+    if spec is None or m.name in state.queues_deleting:
         return reject(ctx, m, f"Job queue {m.name} does not exist")
     if spec.state is not State.DISABLED:
         return reject(ctx, m, f"Job queue {m.name} must be DISABLED before it is deleted")
-    if ctx.state.shares_of_queue(m.name):
-        return reject(ctx, m, f"Job queue {m.name} still has quota shares; delete them first")
-    ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETED")
-    return False
+    shares = sorted(state.shares_of_queue(m.name), key=lambda s: s.key)
+    if not shares:
+        ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETED")
+        return False
+    ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETING")
+    for share in shares:
+        if not share.deleting:
+            _start_share_deletion(ctx, share, f"Job queue {m.name} deleted")
+        _finish_share_deletion(ctx, share)
+    return True
 
 
 def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
-    if spec.job_queue not in ctx.state.queues:
+    if spec.job_queue not in ctx.state.queues or spec.job_queue in ctx.state.queues_deleting:
         return f"Job queue {spec.job_queue} does not exist"
     if (unit := _duplicate_unit(spec.capacity_limits)) is not None:
         return f"Capacity unit {unit} is listed twice"
@@ -256,8 +283,15 @@ def _delete_share(ctx: Context, m: inp.DeleteQuotaShare) -> bool:
         return reject(ctx, m, f"Quota share {m.name} does not exist in job queue {m.job_queue}")
     if share.spec.state is not State.DISABLED:
         return reject(ctx, m, f"Quota share {m.name} must be DISABLED before it is deleted")
+    _start_share_deletion(ctx, share, f"Quota share {m.name} deleted")
+    _finish_share_deletion(ctx, share)
+    return True
+
+
+def _start_share_deletion(ctx: Context, share: ShareRecord, reason: str) -> None:
+    """S5.9: the share takes no more jobs; its queued jobs fail, its dispatched ones are stopped."""
+    state = ctx.state
     ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETING")
-    reason = f"Quota share {m.name} deleted"
     for job in sorted(_jobs_of_share(state, share), key=lambda j: j.job_id):
         if job.dispatched:
             if job.stop is None or job.stop.cause != "TERMINATED":
@@ -270,8 +304,6 @@ def _delete_share(ctx: Context, m: inp.DeleteQuotaShare) -> bool:
                 )
         else:
             ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=reason, is_terminated=True)
-    _finish_share_deletion(ctx, share)
-    return True
 
 
 def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
@@ -281,8 +313,12 @@ def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
 
 
 def _finish_share_deletion(ctx: Context, share: ShareRecord) -> None:
+    state = ctx.state
     if share.deleting and not share.queue and not any(share.dispatched.values()):
         ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETED")
+        name = share.key[0]
+        if name in state.queues_deleting and not state.shares_of_queue(name):
+            ctx.emit(ev.JobQueueChanged, spec=state.queues[name], status="DELETED")
 
 
 # ----- jobs ------------------------------------------------------------------------------------

@@ -83,6 +83,10 @@ def _environment(state: ClusterState, event: ev.ServiceEnvironmentChanged) -> No
 @_handles(ev.JobQueueChanged)
 def _queue(state: ClusterState, event: ev.JobQueueChanged) -> None:
     _put_resource(state, state.queues, event.spec.name, event.spec, event.status)
+    if event.status == "DELETING":
+        state.set_add(state.queues_deleting, event.spec.name)
+    else:
+        state.set_discard(state.queues_deleting, event.spec.name)
 
 
 @_handles(ev.QuotaShareChanged)

@@ -352,6 +352,8 @@ class ClusterState:
         self.jobs: dict[str, JobRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.holds: dict[str, Hold] = {}
+        self.queues_deleting: set[str] = set()
+        """Job queues deleted while they had quota shares: DELETED once those are gone."""
         self.deadlines = SortedKeys()
         """(deadline ms, job id, attempt id) of attempts with a ``attemptDurationSeconds`` timeout."""
         self.pool_slots: dict[str, dict[str, int]] = {}
@@ -533,6 +535,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
         jobs,
         nodes,
         holds,
+        sorted(state.queues_deleting),
         tuple(state.deadlines),
         sorted((p, sorted(c.items())) for p, c in state.pool_slots.items()),
         sorted((p, sorted(c.items())) for p, c in state.pool_free.items()),

@@ -74,6 +74,7 @@ Explainer = Callable[[str], Explanation | None]
 MAX_SHARES_PER_QUEUE = 20
 MAX_PAYLOAD_BYTES = 10 * 1024
 MAX_SUBMIT_BYTES = 30 * 1024
+MAX_TERMINATE_JOBS = 50
 MAX_BODY_BYTES = 1024 * 1024
 STATES = ("ENABLED", "DISABLED")
 JOB_STATUSES = tuple(s.value for s in JobStatus)
@@ -735,7 +736,10 @@ class Gateway:
             out["nextToken"] = token
         return out
 
-    async def _terminate(self, ref: str, reason: str) -> None:
+    async def _terminate(self, ref: str, reason: str, unknown_ok: bool = False) -> None:
+        """``unknown_ok``: TerminateServiceJobs, where AWS reports unknown ids as successful."""
+        if unknown_ok and self._ref(ref, "service-job", "service job")[0] not in self.rm.jobs:
+            return
         job = self._job(ref)
         if job.terminal:
             return
@@ -747,13 +751,13 @@ class Gateway:
         return {}
 
     async def op_TerminateServiceJobs(self, p: Params) -> dict[str, Any]:
-        refs = p.strs("jobs", required=True, max_items=100) or []
+        refs = p.strs("jobs", required=True, max_items=MAX_TERMINATE_JOBS) or []
         reason = p.req_string("reason", max_len=1024)
         successful: list[str] = []
         errors: list[dict[str, str]] = []
         for ref in refs:
             try:
-                await self._terminate(ref, reason)
+                await self._terminate(ref, reason, unknown_ok=True)
             except ApiError as exc:
                 errors.append({"job": ref, "code": exc.code, "message": exc.message})
             else:
@@ -926,7 +930,7 @@ class Gateway:
         elif name in ("updateservicejob", "describeservicejob", "terminateservicejob"):
             self._check_job(principal, action, p.req_string("jobId"))
         elif name == "terminateservicejobs":
-            for ref in p.strs("jobs", required=True, max_items=100) or []:
+            for ref in p.strs("jobs", required=True, max_items=MAX_TERMINATE_JOBS) or []:
                 self._check_job(principal, action, ref)
 
     # ----- HTTP --------------------------------------------------------------------------------

@@ -168,6 +168,8 @@ def check_tags(tags: dict[Any, Any]) -> dict[str, str]:
     for k, v in tags.items():
         if not isinstance(k, str) or not 1 <= len(k) <= 128:
             raise ClientException("Tag keys must be strings of 1 to 128 characters")
+        if k.lower().startswith("aws:"):
+            raise ClientException(f"Invalid value for tags: the prefix aws: is reserved for AWS use ({k})")
         if not isinstance(v, str) or len(v) > 256:
             raise ClientException(f"The value of tag {k} must be a string of at most 256 characters")
     return dict(tags)

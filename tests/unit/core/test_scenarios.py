@@ -22,7 +22,7 @@ from gpuquota.core.blocked import (
 from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import State
+from gpuquota.wire.base import JobQueueSpec, State
 from gpuquota.wire.events import EVENT_ADAPTER
 from tests.builders import (
     CROSS,
@@ -604,6 +604,22 @@ CASES: dict[str, Case] = {
         Round([do.register("node-1", ml_g5_xlarge=1)], want_status={"a": SCHEDULED},
               want=[expect.blocked("a", None),
                     expect.last_events("NodeRegistered", "JobDispatched", "JobUnblocked")]),
+    ]),
+    "queue_deletion_takes_its_shares": Case("S5.9", pool(1, lend("A"), lend("B")), [
+        Round([do.submit(job("a1").share("A"), job("a2").share("A"), job("b1").share("B")), do.running("a1"),
+               do.feed(inp.DeleteJobQueue, name="jq")],
+              want_rejected=["Job queue jq must be DISABLED before it is deleted"]),
+        Round([do.feed(inp.UpdateJobQueue, spec=JobQueueSpec(
+                   name="jq", service_environment="se", scheduling_policy="policy", state=State.DISABLED)),
+               do.feed(inp.DeleteJobQueue, name="jq")],
+              want_status={"a1": RUNNING, "a2": FAILED, "b1": FAILED},
+              want=[expect.reason("a2", "Job queue jq deleted"), expect.stopping("a1"),
+                    expect.share_gone("B"),
+                    expect.that("jq is deleting", lambda h: "jq" in h.state.queues_deleting)]),
+        Round([do.submit(job("late").share("A")), do.feed(inp.DeleteJobQueue, name="jq")],
+              want_status={"late": REJECTED}, want_rejected=["is DISABLED", "does not exist"]),
+        Round([do.stopped("a1")], want_status={"a1": FAILED},
+              want=[expect.share_gone("A"), expect.that("jq is gone", lambda h: "jq" not in h.state.queues)]),
     ]),
     "share_deletion_rules": Case("S5.9", pool(1, lend("A"), lend("B")), [
         Round([do.submit(job("b1").share("B"), job("b2").share("B"), job("a1").share("A"),
