@@ -134,6 +134,10 @@ class ShareBuilder:
         self.fields["state"] = State.DISABLED
         return self
 
+    def tag(self, key: str, value: str) -> ShareBuilder:
+        self.fields["tags"] = {**self.fields.get("tags", {}), key: value}
+        return self
+
     def build(self) -> QuotaShareSpec:
         return QuotaShareSpec(**self.fields)
 
@@ -442,9 +446,14 @@ class Harness:
         return self.state.shares[(queue, share_name)].usage.get(unit, 0)
 
     def explain(self, job_id: str) -> str:
-        explanation = explain(self.state, job_id)
+        explanation = explain(self.state, job_id, now=self.now)
         assert explanation is not None
         return explanation.reason
+
+    def waits_until(self, job_id: str) -> int | None:
+        explanation = explain(self.state, job_id, now=self.now)
+        assert explanation is not None
+        return explanation.until
 
 
 # ----- table-driven scenarios ------------------------------------------------------------------

@@ -34,6 +34,7 @@ from gpuquota.node_agent import NodeAgent, Runtime
 from gpuquota.node_agent.kafka_link import KafkaNodeLink
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
+from gpuquota.scheduler.shell import wall_clock_ms
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class GatewayService:
             self.read_model,
             port,
             pool=self.pool,
-            explainer=lambda job_id: explain(projector.state, job_id),
+            explainer=lambda job_id: explain(projector.state, job_id, now=wall_clock_ms()),
             auth=self.auth,
         )
         self._runner = web.AppRunner(gateway.app(), access_log=None)

@@ -111,7 +111,7 @@ class EmbeddedStack:
             shell.read_model,
             EmbeddedCommandPort(shell),
             clock=shell.clock,
-            explainer=lambda job_id: explain(shell.state, job_id),
+            explainer=lambda job_id: explain(shell.state, job_id, now=shell.clock()),
             auth=self.auth,
         )
         self._runner = web.AppRunner(self.gateway.app(), access_log=None)

@@ -10,7 +10,7 @@ import urllib.parse
 from typing import Any
 
 from tests.gateway.conftest import Stack, wait_for
-from tests.gateway.helpers import QUEUE_ARN, create_queue, create_share, payload, status, submit
+from tests.gateway.helpers import QUEUE_ARN, create_queue, create_share, payload, share_arn, status, submit
 from tests.gateway.test_gpuquota_endpoints import get
 from tests.gateway.test_resources import client_error
 
@@ -122,3 +122,26 @@ def test_attempt_texts_read_as_aws_writes_them(stack: Stack) -> None:
     described = batch.describe_service_job(jobId=broken)
     assert described["statusReason"] == "Received status from SageMaker: AlgorithmError: exited with code 3"
     assert len(described["attempts"]) == 1  # the EXIT rule matched: no retry
+
+
+def test_min_runtime_makes_a_reclaim_wait_and_explain_says_until_when(stack: Stack) -> None:
+    """S10.1, opt-in per share with a tag (AWS reclaims at once)."""
+    batch = stack.client
+    create_queue(batch, capacity=2)
+    create_share(batch, "A", "LEND_AND_BORROW", limit=1, tags={"gpuquota:minRuntimeSeconds": "600"})
+    create_share(batch, "B", "LEND", limit=1)
+    bad = {"gpuquota:reborrowBackoffSeconds": "soon"}
+    assert "whole number of seconds" in client_error(create_share, batch, "C", "LEND", limit=1, tags=bad)
+    assert batch.describe_quota_share(quotaShareArn=share_arn("A"))["tags"] == {
+        "gpuquota:minRuntimeSeconds": "600"
+    }
+    stack.register_node(count=2)
+    a1, a2 = submit(batch, "a1", "A"), submit(batch, "a2", "A")
+    wait_for(lambda: status(batch, a1) == "SCHEDULED" and status(batch, a2) == "SCHEDULED")
+    stack.report(a2, "RUNNING")
+    b1 = submit(batch, "b1", "B")
+    waiting = wait_for(lambda: (e := explanation(stack, b1))["reason"] == "WAITING_FOR_MIN_RUNTIME" and e)
+    assert waiting["until"] > batch.describe_service_job(jobId=a2)["scheduledAt"] + 590_000
+    assert status(batch, a2) == "RUNNING"
+    stack.tick_later(601)
+    assert wait_for(lambda: explanation(stack, b1)["reason"] == "WAITING_FOR_PREEMPTION")

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuquota.core.blocked import TIME_LIMIT_REASON
 from gpuquota.core.context import Context, EventHook
+from gpuquota.core.hygiene import tag_problem, timed_units
 from gpuquota.core.lifecycle import REPORT_TRANSITIONS, algorithm_error, retry_allowed
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
@@ -248,7 +249,7 @@ def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
         return "maxCapacity must be at least 1"
     if spec.borrow_limit != -1 and spec.strategy is not Strategy.LEND_AND_BORROW:
         return "borrowLimit can only be set for the LEND_AND_BORROW strategy"
-    return None
+    return tag_problem(spec.tags)
 
 
 @_handles(inp.CreateQuotaShare)
@@ -613,6 +614,8 @@ def _tick(ctx: Context, m: inp.Tick) -> bool:
                 status_reason="Attempt duration exceeded",
             )
     _time_limits(ctx, now)
+    if ctx.dirty is not None:
+        ctx.dirty.update(timed_units(state))  # S10: protections and backoffs end with time
     return True
 
 

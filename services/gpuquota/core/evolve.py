@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gpuquota.core.hygiene import next_backoff
 from gpuquota.core.state import (
     RUNNABLE,
     RUNNING,
@@ -271,6 +272,10 @@ def _preempted(state: ClusterState, event: ev.JobPreempted) -> None:
     victim = state.jobs[event.job_id]
     _drop_victim(state, victim)
     victim.put("stop", StopInfo("PREEMPTED", event.status_reason, event.preemptor_job_id))
+    if event.kind == "CROSS_SHARE":
+        victim_share = state.shares[victim.share]
+        if (backoff := next_backoff(victim_share, event.occurred_at)) is not None:
+            victim_share.put("backoff", backoff)
     hold = state.holds.get(event.preemptor_job_id)
     if hold is None:
         preemptor = state.jobs[event.preemptor_job_id]

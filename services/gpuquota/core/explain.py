@@ -9,8 +9,11 @@ The reason codes, checked in this order (the first that applies is the answer):
   ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``: the job is blocked (S9.1, ``gpuquota.core.blocked``):
   it can never run as configured, or the pool's nodes do not offer enough slots; the message says so.
 - ``NO_CAPACITY_FOR_UNIT``: the pool's capacity for the job's unit is taken by other environments.
+- ``WAITING_FOR_MIN_RUNTIME``: within its share's limit, but the capacity it could reclaim is held by
+  jobs protected by their share's ``gpuquota:minRuntimeSeconds`` (S10.1) until ``until``.
 - ``WAITING_FOR_OWN_QUOTA``: the job is within its share's limit, but the capacity is in use and
   nothing borrowed can be reclaimed for it; or its share may not borrow and is at its limit.
+- ``REBORROW_BACKOFF``: the share may borrow, but not before ``until`` (S10.2).
 - ``BORROW_LIMIT_REACHED``: the share would exceed its borrow limit.
 - ``IDLE_CAPACITY_RESERVED``: capacity is free but reserved for RESERVE shares' own jobs.
 - ``NO_IDLE_CAPACITY``: the share may borrow, but nothing is idle.
@@ -23,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from gpuquota.core.blocked import INSUFFICIENT_INSTANCE_CAPACITY, blocked_reason
+from gpuquota.core.hygiene import MIN_RUNTIME_TAG, borrow_blocked_until, protected_until
 from gpuquota.core.quota import Figures, figures_for
 from gpuquota.core.state import ClusterState, JobRecord
 from gpuquota.wire.base import JobStatus, Strategy
@@ -38,13 +42,16 @@ class Explanation:
     """0-based place of the job in its share's queue (0 = head)."""
     share_head: str | None = None
     figures: dict[str, int | None] = field(default_factory=dict)
+    until: int | None = None
+    """Epoch ms until which the job waits for a gpuquota extension (S10), when that is the reason."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def explain(state: ClusterState, job_id: str) -> Explanation | None:
-    """Why ``job_id`` is where it is; ``None`` for a job the core no longer tracks (finished)."""
+def explain(state: ClusterState, job_id: str, now: int | None = None) -> Explanation | None:
+    """Why ``job_id`` is where it is; ``None`` for a job the core no longer tracks (finished).
+    ``now`` (epoch ms) lets it say what a job waits for until when (S10); without it, it does not."""
     job = state.jobs.get(job_id)
     if job is None:
         return None
@@ -62,6 +69,9 @@ def explain(state: ClusterState, job_id: str) -> Explanation | None:
     head_id = head.job_id if head is not None else None
     figures = figures_for(state, share, job.unit, job.count, exclude=job.job_id)
     reason, message = _runnable_reason(state, job, position, head_id, figures)
+    until = None
+    if now is not None and position == 0 and figures is not None and reason in _WAIT_EXTENSIBLE:
+        reason, message, until = _hygiene_wait(state, job, figures, now) or (reason, message, None)
     return Explanation(
         job_id,
         job.status.value,
@@ -70,6 +80,7 @@ def explain(state: ClusterState, job_id: str) -> Explanation | None:
         position,
         head_id,
         {} if figures is None else _numbers(figures),
+        until,
     )
 
 
@@ -145,3 +156,37 @@ def _blocked(state: ClusterState, job: JobRecord) -> tuple[str, str] | None:
     if code == INSUFFICIENT_INSTANCE_CAPACITY:
         return code, f"{text}. It runs once nodes offering enough slots are online (or lower its demand)"
     return code, f"{text}. It can never run as configured: lower its demand or raise the limit"
+
+
+_WAIT_EXTENSIBLE = frozenset(
+    {"WAITING_FOR_OWN_QUOTA", "BORROW_LIMIT_REACHED", "IDLE_CAPACITY_RESERVED", "NO_IDLE_CAPACITY", "READY"}
+)
+"""Reasons behind which an S10 extension may be what the job really waits for."""
+
+
+def _hygiene_wait(state: ClusterState, job: JobRecord, f: Figures, now: int) -> tuple[str, str, int] | None:
+    """S10: the job waits for a protected victim's minimum runtime, or for its share's backoff."""
+    share = state.shares[job.share]
+    if not f.in_quota:
+        until = borrow_blocked_until(share, now)
+        if until is None:
+            return None
+        return "REBORROW_BACKOFF", f"Quota share {job.share[1]} may not borrow again until {until}", until
+    if f.within_capacity:
+        return None
+    protected = [
+        until
+        for other in state.shares.values()
+        if other.key != share.key and other.usage.get(job.unit, 0) > other.limits.get(job.unit, 0)
+        for ids in (other.dispatched.get(job.unit, ()),)
+        for job_id in ids
+        if (until := protected_until(state, state.jobs[job_id], now)) is not None
+    ]
+    if not protected:
+        return None
+    until = min(protected)
+    return (
+        "WAITING_FOR_MIN_RUNTIME",
+        f"The capacity it could reclaim is protected by {MIN_RUNTIME_TAG} until {until}",
+        until,
+    )

@@ -255,6 +255,7 @@ class StopInfo:
 class ShareRecord(Mutable):
     __slots__ = (
         "_limits",
+        "backoff",
         "blocked",
         "deleting",
         "dispatched",
@@ -283,6 +284,8 @@ class ShareRecord(Mutable):
         """(job id, since when) of the job at the head of this share."""
         self.blocked: Blocked | None = None
         """The head job recorded as blocked (S9.1), its code, status reason and since when (S9.2)."""
+        self.backoff: tuple[int, int, int] | None = None
+        """S10.2 reborrow backoff: (may borrow again at, current length, last reclaim) in ms."""
         self._limits: tuple[QuotaShareSpec, dict[str, int]] | None = None
 
     @property
@@ -508,6 +511,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             sorted((u, tuple(keys)) for u, keys in s.victims.items()),
             s.head_since,
             s.blocked,
+            s.backoff,
         )
         for key, s in sorted(state.shares.items())
     )

@@ -875,6 +875,7 @@ class Gateway:
                 "shareHead": found.share_head,
                 "shareHeadName": None if head is None else head.spec.job_name,
                 "figures": {_camel(k): v for k, v in found.figures.items()},
+                "until": found.until,
             }
         return out
 

@@ -165,6 +165,8 @@ class JobPreempted(Message):
     kind: PreemptionKind
     status_reason: str
     figures: PreemptionFigures
+    victim_runtime_ms: int = 0
+    """S10.3: how long the victim's attempt had been RUNNING (0 if it had not started)."""
 
 
 StopCause = Literal["TERMINATED", "TIMEOUT", "SHARE_DELETED"]

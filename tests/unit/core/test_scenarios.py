@@ -19,6 +19,8 @@ from gpuquota.core.blocked import (
     SERVICE_ENVIRONMENT_MAX_RESOURCE,
     TIME_LIMIT_REASON,
 )
+from gpuquota.core.hygiene import MIN_RUNTIME_TAG as MIN_RUNTIME
+from gpuquota.core.hygiene import REBORROW_BACKOFF_TAG as BACKOFF
 from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -620,6 +622,39 @@ CASES: dict[str, Case] = {
               want_status={"late": REJECTED}, want_rejected=["is DISABLED", "does not exist"]),
         Round([do.stopped("a1")], want_status={"a1": FAILED},
               want=[expect.share_gone("A"), expect.that("jq is gone", lambda h: "jq" not in h.state.queues)]),
+    ]),
+    # ----- S10: preemption hygiene (opt-in) ----------------------------------------------------------------
+    "min_runtime_delays_a_reclaim": Case("S10.1", pool(2, lab("A").tag(MIN_RUNTIME, "60"), lend("B")), [
+        Round([do.submit(job("a1").share("A"), job("a2").share("A")), do.running("a1", "a2")],
+              want_status={"a1": RUNNING, "a2": RUNNING}, want_usage={"A": 2}),
+        # a2 borrows B's instance but has run less than 60 s: b1 waits, and explain says until when.
+        Round([do.submit(job("b1").share("B"))], want_status={"b1": RUNNABLE},
+              want_reason={"b1": "WAITING_FOR_MIN_RUNTIME"},
+              want=[expect.that("b1 waits 60 s", lambda h: (h.waits_until("b1") or 0) - h.now > 55_000)]),
+        Round([do.elapse(45_000)], want_status={"b1": RUNNABLE}),
+        Round([do.elapse(16_000)], want_preempted=[("a2", "b1", CROSS)]),
+    ]),
+    "min_runtime_guards_in_share_victims": Case("S10.1", pool(
+            1, lend("A").tag(MIN_RUNTIME, "30").in_share_preemption()), [
+        Round([do.submit(job("low").share("A").priority(1)), do.running("low"),
+               do.submit(job("high").share("A").priority(5))], want_status={"high": RUNNABLE}),
+        Round([do.elapse(31_000)], want_preempted=[("low", "high", IN_SHARE)]),
+    ]),
+    "reborrow_backoff_after_a_reclaim": Case("S10.2", pool(2, lab("A").tag(BACKOFF, "30"), lend("B")), [
+        Round([do.submit(job("a1").share("A"), job("a2").share("A")), do.running("a1", "a2"),
+               do.submit(job("b1").share("B"))], want_preempted=[("a2", "b1", CROSS)]),
+        Round([do.stop_all(), do.running("b1"), do.succeed("b1")],
+              want_status={"a2": RUNNABLE, "b1": SUCCEEDED}, want_reason={"a2": "REBORROW_BACKOFF"}),
+        Round([do.elapse(31_000)], want_status={"a2": SCHEDULED}),
+        # Reclaimed again within 10 x 30 s: the backoff doubles to 60 s.
+        Round([do.running("a2"), do.submit(job("b2").share("B"))], want_preempted=[("a2", "b2", CROSS)]),
+        Round([do.stop_all(), do.running("b2"), do.succeed("b2"), do.elapse(31_000)],
+              want_status={"a2": RUNNABLE}, want_reason={"a2": "REBORROW_BACKOFF"}),
+        Round([do.elapse(30_000)], want_status={"a2": SCHEDULED}),
+    ]),
+    "hygiene_tags_are_validated": Case("S10", pool(1, lend("A")), [
+        Round([do.update_share(lend("A").tag(MIN_RUNTIME, "soon"))],
+              want_rejected=["Tag gpuquota:minRuntimeSeconds must be a whole number of seconds"]),
     ]),
     "share_deletion_rules": Case("S5.9", pool(1, lend("A"), lend("B")), [
         Round([do.submit(job("b1").share("B"), job("b2").share("B"), job("a1").share("A"),
