@@ -20,7 +20,8 @@ NO_NODES = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"
 
 
 def reason(batch: Any, job_id: str) -> str | None:
-    return batch.describe_service_job(jobId=job_id).get("statusReason")
+    found: str | None = batch.describe_service_job(jobId=job_id).get("statusReason")
+    return found
 
 
 def listed_reasons(batch: Any) -> dict[str, str | None]:
@@ -86,7 +87,7 @@ def test_time_limit_actions_fail_only_heads_blocked_with_their_reason(stack: Sta
     a1, a2 = submit(batch, "a1", "A"), submit(batch, "a2", "A")
     b1, b2 = submit(batch, "b1", "B"), submit(batch, "b2", "B", serviceRequestPayload=payload(count=2))
     wait_for(lambda: status(batch, a1) == "SCHEDULED" and status(batch, b1) == "SCHEDULED")
-    assert wait_for(lambda: reason(batch, b2), timeout=20).startswith(QUOTA_LIMIT)
+    assert str(wait_for(lambda: reason(batch, b2), timeout=20)).startswith(QUOTA_LIMIT)
 
     stack.tick_later(601)
     wait_for(lambda: status(batch, b2) == "FAILED", timeout=20)

@@ -255,6 +255,7 @@ def test_a_body_held_open_is_answered(stack: Stack, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(edge, "BODY_READ_SECONDS", 1.0)
     url = urllib.parse.urlsplit(stack.url)
     started = time.monotonic()
+    assert url.port is not None
     with socket.create_connection((url.hostname, url.port), timeout=30) as conn:
         head = (
             "POST /v1/describejobqueues HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

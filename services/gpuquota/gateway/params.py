@@ -194,7 +194,7 @@ def _token_offset(token: str) -> int:
     """The offset a ``nextToken`` of ours holds; anything else (forged, corrupt, out of range:
     ``{"offset": 1e999}``, deep nesting) is the caller's error, never ours."""
     try:
-        offset = json.loads(base64.urlsafe_b64decode(token.encode()))["offset"]
+        offset: object = json.loads(base64.urlsafe_b64decode(token.encode()))["offset"]
     except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
         raise ClientException("Invalid value for nextToken") from None
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= 2**31:
