@@ -346,6 +346,7 @@ class ReadModel:
                 "preemptorQuotaShareName": e.preemptor_share,
                 "victimQuotaShareName": e.victim_share,
                 "statusReason": e.status_reason,
+                "victimRuntimeMs": e.victim_runtime_ms,
                 "figures": {_camel(k): v for k, v in e.figures.model_dump().items()},
             },
         )

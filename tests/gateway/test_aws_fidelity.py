@@ -146,3 +146,6 @@ def test_min_runtime_makes_a_reclaim_wait_and_explain_says_until_when(stack: Sta
     assert status(batch, a2) == "RUNNING"
     stack.tick_later(601)
     assert wait_for(lambda: explanation(stack, b1)["reason"] == "WAITING_FOR_PREEMPTION")
+    arn = urllib.parse.quote(a2, safe="")
+    last = get(stack, f"/gpuquota/v1/jobs/{arn}/explain")[2]["lastPreemption"]
+    assert last["victimRuntimeMs"] >= 600_000  # S10.3: the work the preemption cost
