@@ -7,6 +7,7 @@ DescribeServiceJob and in ListServiceJobs; S9.2: ``jobStateTimeLimitActions`` ac
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from tests.gateway.conftest import Stack, wait_for
@@ -149,3 +150,21 @@ def test_min_runtime_makes_a_reclaim_wait_and_explain_says_until_when(stack: Sta
     arn = urllib.parse.quote(a2, safe="")
     last = get(stack, f"/gpuquota/v1/jobs/{arn}/explain")[2]["lastPreemption"]
     assert last["victimRuntimeMs"] >= 600_000  # S10.3: the work the preemption cost
+
+
+def test_blocked_reasons_survive_a_restart(make_stack: Callable[..., Stack]) -> None:
+    """The blocked state lives in the log (JobBlocked): a restarted stack shows it and acts on it."""
+    first = make_stack(durable=True)
+    create_queue(first.client, capacity=2)
+    create_share(first.client, "B", "LEND", limit=1)
+    actions = [{"reason": QUOTA_LIMIT, "state": "RUNNABLE", "maxTimeSeconds": 600, "action": "TERMINATE"}]
+    first.client.update_job_queue(jobQueue="jq", jobStateTimeLimitActions=actions)
+    first.register_node(count=2)
+    big = submit(first.client, "big", "B", serviceRequestPayload=payload(count=2))
+    blocked = wait_for(lambda: reason(first.client, big))
+    second = first.reopen()
+    batch = second.client
+    assert wait_for(lambda: reason(batch, big)) == blocked
+    second.tick_later(601)
+    wait_for(lambda: status(batch, big) == "FAILED", timeout=20)
+    assert reason(batch, big) == f"Terminated by JobStateTimeLimit action due to reason: {QUOTA_LIMIT}"
