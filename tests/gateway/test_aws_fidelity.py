@@ -163,8 +163,11 @@ def test_blocked_reasons_survive_a_restart(make_stack: Callable[..., Stack]) -> 
     big = submit(first.client, "big", "B", serviceRequestPayload=payload(count=2))
     blocked = wait_for(lambda: reason(first.client, big))
     second = first.reopen()
-    batch = second.client
-    assert wait_for(lambda: reason(batch, big)) == blocked
-    second.tick_later(601)
-    wait_for(lambda: status(batch, big) == "FAILED", timeout=20)
-    assert reason(batch, big) == f"Terminated by JobStateTimeLimit action due to reason: {QUOTA_LIMIT}"
+    try:
+        batch = second.client
+        assert wait_for(lambda: reason(batch, big)) == blocked
+        second.tick_later(601)
+        wait_for(lambda: status(batch, big) == "FAILED", timeout=20)
+        assert reason(batch, big) == f"Terminated by JobStateTimeLimit action due to reason: {QUOTA_LIMIT}"
+    finally:
+        second.close()  # make_stack closes only the stacks it made
