@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.core import ClusterState, decide, evolve, explain, fingerprint
+from gpuquota.core.blocked import QUOTA_MANAGEMENT_LIMIT_EXCEEDED
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.core.state import JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -132,6 +134,10 @@ class ShareBuilder:
         self.fields["state"] = State.DISABLED
         return self
 
+    def tag(self, key: str, value: str) -> ShareBuilder:
+        self.fields["tags"] = {**self.fields.get("tags", {}), key: value}
+        return self
+
     def build(self) -> QuotaShareSpec:
         return QuotaShareSpec(**self.fields)
 
@@ -214,11 +220,12 @@ class Harness:
         policy: str = "policy",
         priority: int = 1,
         time_limit: int | None = None,
+        time_limit_reason: str = QUOTA_MANAGEMENT_LIMIT_EXCEEDED,
     ) -> Harness:
         actions = (
             ()
             if time_limit is None
-            else (TimeLimitAction(reason="Stuck at head", max_time_seconds=time_limit),)
+            else (TimeLimitAction(reason=time_limit_reason, max_time_seconds=time_limit),)
         )
         spec = JobQueueSpec(
             name=name,
@@ -325,7 +332,7 @@ class Harness:
             self.report(job_id, "SUCCEEDED")
         return self
 
-    def fail(self, job_id: str, reason: str = "Essential container in task exited with code 1") -> Harness:
+    def fail(self, job_id: str, reason: str = algorithm_error("exited with code 1")) -> Harness:
         return self.report(job_id, "FAILED", exit_code=1, status_reason=reason)
 
     def stop_all_preempted(self) -> Harness:
@@ -395,6 +402,11 @@ class Harness:
                 return event.status_reason
         raise KeyError(job_id)
 
+    def blocked(self, job_id: str) -> str | None:
+        """The code the job is recorded as blocked with at the head of its share (S9.1), or None."""
+        share = self.state.shares[self.state.jobs[job_id].share]
+        return share.blocked[1] if share.blocked is not None and share.blocked[0] == job_id else None
+
     def terminated(self, job_id: str) -> bool:
         return any(
             isinstance(e, ev.JobFailed) and e.job_id == job_id and e.is_terminated for e in self.events
@@ -438,9 +450,14 @@ class Harness:
         return self.state.shares[(queue, share_name)].usage.get(unit, 0)
 
     def explain(self, job_id: str) -> str:
-        explanation = explain(self.state, job_id)
+        explanation = explain(self.state, job_id, now=self.now)
         assert explanation is not None
         return explanation.reason
+
+    def waits_until(self, job_id: str) -> int | None:
+        explanation = explain(self.state, job_id, now=self.now)
+        assert explanation is not None
+        return explanation.until
 
 
 # ----- table-driven scenarios ------------------------------------------------------------------
@@ -492,7 +509,7 @@ class Do:
         return Step(f"succeed{job_ids}", lambda h: h.succeed(*job_ids))
 
     @staticmethod
-    def fail(job_id: str, reason: str = "Essential container in task exited with code 1") -> Step:
+    def fail(job_id: str, reason: str = algorithm_error("exited with code 1")) -> Step:
         return Step(f"fail({job_id},{reason!r})", lambda h: h.fail(job_id, reason))
 
     @staticmethod
@@ -608,6 +625,10 @@ class Expect:
     def reason(job_id: str, text: str) -> Check:
         """The job's statusReason contains ``text``."""
         return Check(f"{job_id} reason ~ {text!r}", lambda h: text in h.reason(job_id))
+
+    @staticmethod
+    def blocked(job_id: str, code: str | None) -> Check:
+        return Expect.that(f"{job_id} blocked with {code}", lambda h: h.blocked(job_id) == code)
 
     @staticmethod
     def terminated(job_id: str) -> Check:

@@ -87,6 +87,8 @@ class JobView:
     spec: JobSpec
     status: JobStatus = JobStatus.SUBMITTED
     status_reason: str | None = None
+    blocked_reason: str | None = None
+    """S9.1: while the job is a blocked head, its ``statusReason`` (``JobBlocked``)."""
     priority: int = 0
     scheduled_at: int | None = None
     started_at: int | None = None
@@ -143,6 +145,8 @@ class ReadModel:
         """Counters of the applied events (Prometheus, ``gpuquota.observe.metrics``)."""
         self.nodes = NodeTable()
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
+        self.head_since: dict[ShareKey, tuple[str, int]] = {}
+        """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
 
     # ----- projection --------------------------------------------------------------------------
 
@@ -232,11 +236,29 @@ class ReadModel:
         if queue is None:
             queue = self.runnable[job.share] = SortedList()
         queue.add(job.runnable_key)
+        self._note_head(job.share)
 
     def _dequeue(self, job: JobView) -> None:
         queue = self.runnable.get(job.share)
         if queue is not None and job.runnable_key in queue:
             queue.remove(job.runnable_key)
+            self._note_head(job.share)
+
+    def _note_head(self, share: ShareKey) -> None:
+        keys = self.runnable.get(share)
+        head = keys[0][2] if keys else None
+        current = self.head_since.get(share)
+        if head is None:
+            self.head_since.pop(share, None)
+        elif current is None or current[0] != head:
+            self.head_since[share] = (head, self.last_event_at)
+
+    def time_at_position(self, job: JobView) -> int:
+        """When the job reached its place: the front of its share if it is there, else RUNNABLE."""
+        since = self.head_since.get(job.share)
+        if since is not None and since[0] == job.spec.job_id:
+            return max(since[1], job.runnable_since)
+        return job.runnable_since
 
     def _release(self, job: JobView) -> None:
         if job.held is not None:
@@ -258,6 +280,7 @@ class ReadModel:
         self._dequeue(job)
         job.status = JobStatus.SCHEDULED
         job.status_reason = None
+        job.blocked_reason = None
         job.scheduled_at = e.occurred_at
         job.stopped_at = None
         attempt = AttemptView(
@@ -333,6 +356,7 @@ class ReadModel:
                 "preemptorQuotaShareName": e.preemptor_share,
                 "victimQuotaShareName": e.victim_share,
                 "statusReason": e.status_reason,
+                "victimRuntimeMs": e.victim_runtime_ms,
                 "figures": {_camel(k): v for k, v in e.figures.model_dump().items()},
             },
         )
@@ -342,6 +366,14 @@ class ReadModel:
         job = self.jobs.get(e.job_id)
         if job is not None:
             job.tags = dict(e.tags)
+
+    def _on_JobBlocked(self, e: ev.JobBlocked) -> None:
+        if (job := self.jobs.get(e.job_id)) is not None:
+            job.blocked_reason = e.status_reason
+
+    def _on_JobUnblocked(self, e: ev.JobUnblocked) -> None:
+        if (job := self.jobs.get(e.job_id)) is not None:
+            job.blocked_reason = None
 
     def _on_JobPriorityChanged(self, e: ev.JobPriorityChanged) -> None:
         job = self.jobs[e.job_id]
@@ -437,8 +469,10 @@ class ReadModel:
             "jobQueueType": "SAGEMAKER_TRAINING",
             "tags": dict(spec.tags),
         }
-        if view.status_reason:
-            out["statusReason"] = view.status_reason
+        # AWS describes a healthy queue as such; gpuquota's own reasons (a rejected change) win.
+        healthy = "JobQueue Healthy" if view.status == "VALID" else None
+        if view.status_reason or healthy:
+            out["statusReason"] = view.status_reason or healthy
         if spec.time_limit_actions:
             out["jobStateTimeLimitActions"] = [
                 {
@@ -495,8 +529,9 @@ class ReadModel:
             "capacityUsage": self._capacity_usage(job),
             "isTerminated": job.is_terminated,
         }
-        if job.status_reason:
-            out["statusReason"] = job.status_reason
+        blocked = job.blocked_reason if job.status is JobStatus.RUNNABLE else None
+        if blocked or job.status_reason:
+            out["statusReason"] = blocked or job.status_reason
         for key, value in (
             ("scheduledAt", job.scheduled_at),
             ("startedAt", job.started_at),
@@ -607,14 +642,17 @@ class ReadModel:
             if keys:
                 head = self.jobs[keys[0][2]]
                 fronts[name] = [
-                    {"jobArn": self.arns.job(head.spec.job_id), "earliestTimeAtPosition": head.runnable_since}
+                    {
+                        "jobArn": self.arns.job(head.spec.job_id),
+                        "earliestTimeAtPosition": self.time_at_position(head),
+                    }
                 ]
                 candidates.extend((key, name) for key in keys[:100])
         candidates.sort()
         front = [
             {
                 "jobArn": self.arns.job(key[2]),
-                "earliestTimeAtPosition": self.jobs[key[2]].runnable_since,
+                "earliestTimeAtPosition": self.time_at_position(self.jobs[key[2]]),
             }
             for key, _ in candidates[:100]
         ]

@@ -108,6 +108,14 @@ class _Helpers:
         slots = tuple(SlotOffer(unit=unit, gpus=(i,)) for i in range(count))
         self.feed(inp.RegisterNode, node_id=node_id, pool=self.pool, slots=slots)
 
+    def tick_later(self, seconds: float) -> None:
+        """A clock tick ``seconds`` from now (time limits), decided like any other input; every
+        online node heartbeats just before it, so that no node is lost on the way."""
+        at = time.time_ns() // 1_000_000 + int(seconds * 1000)
+        for node_id in sorted(n.node_id for n in self.state.nodes.values() if n.online):
+            self.feed(inp.NodeHeartbeat, node_id=node_id, occurred_at=at)
+        self.feed(inp.Tick, occurred_at=at)
+
     def report(self, job_id: str, status: str, **fields: Any) -> None:
         record = self.state.jobs[job_id]
         assert record.attempt_id is not None, f"{job_id} has no attempt"
@@ -162,8 +170,13 @@ class StackThread(LoopThread, _Helpers):
         return self.stack.gateway
 
     def feed(self, kind: type[Any], **fields: Any) -> list[Any]:
+        at = fields.pop("occurred_at", None)  # a test's own clock (time limits), else the shell's
+        message = self.shell.make(kind, **fields)
+        if at is not None:
+            message = message.model_copy(update={"occurred_at": at})
+
         async def go() -> list[Any]:
-            return await self.shell.handle(self.shell.make(kind, **fields))
+            return await self.shell.handle(message)
 
         return self.run(go())
 
@@ -302,7 +315,8 @@ class DistributedStackThread(_Helpers):
     def feed(self, kind: type[Any], **fields: Any) -> list[Any]:
         """Produce the input to the inputs topic (keyed by the pool, as ``KafkaNodeLink.send`` does)
         and wait until the gateway has folded its decision; its events."""
-        message = kind(event_id=str(uuid.uuid4()), occurred_at=time.time_ns() // 1_000_000, **fields)
+        fields.setdefault("occurred_at", time.time_ns() // 1_000_000)
+        message = kind(event_id=str(uuid.uuid4()), **fields)
         projector = self.stack.projector
         producer = self.backend.producer
         assert projector is not None and producer is not None

@@ -49,6 +49,9 @@ def test_submit_and_describe(stack: Stack, queue: Any) -> None:
     assert job["jobArn"] == f"arn:aws:batch:us-east-1:000000000000:service-job/{job['jobId']}"
     described = queue.describe_service_job(jobId=job["jobArn"])
     described.pop("ResponseMetadata")
+    # S9.1: no node is registered yet, so the head job is blocked for capacity (as on AWS).
+    blocked = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - Job needs 1 ml.g5.xlarge but the online nodes"
+    assert described.pop("statusReason").startswith(blocked)
     assert described == {
         "jobId": job["jobId"],
         "jobArn": job["jobArn"],
@@ -99,7 +102,7 @@ def test_submit_validation(queue: Any) -> None:
     rules = [{"action": "RETRY", "onStatusReason": "*"}] * 6
     assert "at most 5 entries" in error(retryStrategy={"attempts": 2, "evaluateOnExit": rules})
     assert "1 to 128 characters" in error(jobName="bad name")
-    assert "JSON object" in error(serviceRequestPayload="not json")
+    assert "serviceRequestPayload is not valid JSON" in error(serviceRequestPayload="not json")
     assert "ResourceConfig" in error(serviceRequestPayload="{}")
     assert "10 KiB" in error(serviceRequestPayload=payload(Padding="x" * 10_300))
     assert "at least 1" in error(serviceRequestPayload=payload(count=0))
@@ -185,10 +188,8 @@ def test_update_and_terminate(stack: Stack, queue: Any) -> None:
 def test_terminate_many(queue: Any) -> None:
     a, b = submit(queue, "a"), submit(queue, "b")
     result = queue.terminate_service_jobs(jobs=[a, b, "missing"], reason="cleanup")
-    assert result["successful"] == [a, b]
-    assert result["errors"] == [
-        {"job": "missing", "code": "ClientException", "message": "Service job missing does not exist"}
-    ]
+    assert result["successful"] == [a, b, "missing"]  # as on AWS: unknown ids succeed
+    assert result["errors"] == []
     assert status(queue, a) == status(queue, b) == "FAILED"
 
 
@@ -250,7 +251,7 @@ def test_list_filters_and_pagination(stack: Stack, queue: Any) -> None:
     )
     assert "between 1 and 100" in client_error(queue.list_service_jobs, maxResults=101)
     assert "between 1 and 100" in client_error(queue.list_service_jobs, maxResults=0)
-    assert client_error(queue.list_service_jobs, nextToken="garbage") == "Invalid nextToken"
+    assert client_error(queue.list_service_jobs, nextToken="garbage") == "Invalid value for nextToken"
 
 
 def test_snapshot_of_a_waiting_queue(stack: Stack, queue: Any) -> None:

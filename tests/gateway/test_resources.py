@@ -111,7 +111,12 @@ def test_job_queue_lifecycle(batch: Any) -> None:
         jobQueue="jq",
         priority=5,
         jobStateTimeLimitActions=[
-            {"reason": "stuck", "state": "RUNNABLE", "maxTimeSeconds": 600, "action": "TERMINATE"}
+            {
+                "reason": "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED",
+                "state": "RUNNABLE",
+                "maxTimeSeconds": 600,
+                "action": "TERMINATE",
+            }
         ],
     )
     (queue,) = batch.describe_job_queues()["jobQueues"]
@@ -145,7 +150,14 @@ def test_job_queue_validation(batch: Any) -> None:
         )
         == "Service environment nope does not exist"
     )
-    actions = [{"reason": "r", "state": "RUNNABLE", "maxTimeSeconds": 599, "action": "TERMINATE"}]
+    actions = [
+        {
+            "reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+            "state": "RUNNABLE",
+            "maxTimeSeconds": 599,
+            "action": "TERMINATE",
+        }
+    ]
     assert "between 600 and 86400" in client_error(
         batch.create_job_queue, **base, jobStateTimeLimitActions=actions
     )
@@ -300,21 +312,9 @@ def test_rules_only_the_core_checks(batch: Any) -> None:
         serviceEnvironmentType="SAGEMAKER_TRAINING",
         capacityLimits=[{"capacityUnit": G5, "maxCapacity": 1}],
     )
-    assert (
-        client_error(
-            batch.update_job_queue,
-            jobQueue="jq",
-            serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se2"}],
-        )
-        == "The service environment of a quota-share job queue cannot be changed"
-    )
     batch.update_service_environment(serviceEnvironment="se", state="DISABLED")
     assert client_error(batch.delete_service_environment, serviceEnvironment="se") == (
         "Service environment se is attached to job queue jq"
-    )
-    batch.update_job_queue(jobQueue="jq", state="DISABLED")
-    assert client_error(batch.delete_job_queue, jobQueue="jq") == (
-        "Job queue jq still has quota shares; delete them first"
     )
     # the rejected writes changed nothing
     envs = {
@@ -342,8 +342,13 @@ def test_a_late_rejection_reverts_the_pending_view(stack: Stack, batch: Any) -> 
         serviceEnvironmentType="SAGEMAKER_TRAINING",
         capacityLimits=[{"capacityUnit": G5, "maxCapacity": 1}],
     )
+    batch.create_job_queue(
+        jobQueueName="jq3",
+        priority=1,
+        schedulingPolicyArn=POLICY_ARN,
+        serviceEnvironmentOrder=se2,
+    )
     batch.update_service_environment(serviceEnvironment="se", state="DISABLED")
-    batch.update_job_queue(jobQueue="jq", state="DISABLED")
     port: Any = stack.gateway.port
     port.decision_timeout = 0.0  # as if the scheduler were slow: never wait for the decision
     # each accepted now, rejected by the core later
@@ -353,18 +358,18 @@ def test_a_late_rejection_reverts_the_pending_view(stack: Stack, batch: Any) -> 
         schedulingPolicyArn=POLICY_ARN,
         serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
     )
-    batch.update_job_queue(jobQueue="jq", serviceEnvironmentOrder=se2)
-    batch.delete_job_queue(jobQueue="jq")  # two writes pending on jq, both rejected
+    batch.update_job_queue(jobQueue="jq", serviceEnvironmentOrder=se2)  # se2 is jq3's
+    batch.delete_job_queue(jobQueue="jq")  # two writes pending on jq, both rejected (jq is ENABLED)
     batch.delete_service_environment(serviceEnvironment="se")
 
     def settled() -> bool:
         queues = {q["jobQueueName"]: q for q in batch.describe_job_queues()["jobQueues"]}
         (env,) = batch.describe_service_environments(serviceEnvironments=["se"])["serviceEnvironments"]
-        return set(queues) == {"jq"} and queues["jq"]["status"] == env["status"] == "VALID"
+        return set(queues) == {"jq", "jq3"} and queues["jq"]["status"] == env["status"] == "VALID"
 
     wait_for(settled, timeout=20)
-    (queue,) = batch.describe_job_queues()["jobQueues"]
-    assert queue["state"] == "DISABLED"
+    (queue,) = batch.describe_job_queues(jobQueues=["jq"])["jobQueues"]
+    assert queue["state"] == "ENABLED"
     assert queue["serviceEnvironmentOrder"] == [{"order": 1, "serviceEnvironment": SE_ARN}]
     port.decision_timeout = 20.0  # the same write, decided in time: the rejection is the answer
     message = client_error(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent import NodeAgent, parse_slots
 from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, describe_exit
 from tests.containers import build_trainer_image, find_engine, remove_job_containers, unique
@@ -144,7 +145,7 @@ async def test_failure_file_becomes_the_status_reason_and_entrypoint_arguments_o
     await agent.deliver(run_cmd(doc, job_id=job))
     report = await wait_final(sched, f"{job}-a1", TIMEOUT)
     assert (report.status, report.exit_code) == ("FAILED", 3)
-    assert report.status_reason == "Loss diverged at step 0"
+    assert report.status_reason == algorithm_error("Loss diverged at step 0")
     argv = (model_dir(agent.work_dir, f"{job}-a1") / "argv").read_text().split()
     assert argv == ["--from-entrypoint", "--epochs", "1"]
 
@@ -170,7 +171,7 @@ async def test_channels_that_are_not_on_the_node_and_missing_images_fail_at_laun
 def test_exit_reasons_are_readable() -> None:
     assert describe_exit(137, True, None) == "Container killed: out of memory (OOMKilled, exit code 137)"
     assert describe_exit(137, False, None) == "Container killed by signal SIGKILL (exit code 137)"
-    assert describe_exit(2, False, None) == "Essential container in task exited with code 2"
+    assert describe_exit(2, False, None) == "exited with code 2"
     assert describe_exit(2, False, "bad input") == "bad input"
 
 
@@ -256,7 +257,7 @@ async def test_two_instances_share_hosts_resolve_each_other_and_one_failure_stop
     await agent.deliver(run_cmd(payload(image, hps, count=2), job_id=job, slots=(0, 1), attempt_number=2))
     report = await wait_final(sched, f"{job}-a2", TIMEOUT)
     assert report.status == "FAILED"
-    assert report.status_reason == "Instance algo-2 (rank 1) failed: NCCL timeout"
+    assert report.status_reason == algorithm_error("Instance algo-2 (rank 1) failed: NCCL timeout")
     assert not containers(engine, job), "the failure stopped the other instance"
     assert "sigterm at step" in (agent.work_dir / "checkpoints" / job / "events").read_text()
 

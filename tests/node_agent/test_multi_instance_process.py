@@ -8,6 +8,7 @@ import os
 import textwrap
 from pathlib import Path
 
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent import procs
 from tests.node_agent.conftest import (
     AgentFactory,
@@ -64,7 +65,7 @@ async def test_one_failing_process_fails_the_attempt_and_stops_the_other(
     await agent.deliver(run_cmd(payload, job_id="multi", slots=(0, 1)))
     report = await wait_final(sched, "multi-a1", 60)
     assert (report.status, report.exit_code) == ("FAILED", 7)
-    assert report.status_reason == "Instance algo-2 (rank 1) failed: exited with code 7"
+    assert report.status_reason == algorithm_error("Instance algo-2 (rank 1) failed: exited with code 7")
     survivor = json.loads((tmp_path / "algo-1.json").read_text())["pid"]
     await wait_until(lambda: not procs.pid_alive(survivor), 5, "the other instance to be gone")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.core.lifecycle import algorithm_error
 from tests.node_agent.conftest import (
     NODE,
     AgentFactory,
@@ -46,7 +47,7 @@ async def test_exit_code_3_fails_with_the_code(make_agent: AgentFactory) -> None
     report = await wait_final(sched, "job-1-a1")
     assert sched.statuses("job-1-a1") == ["STARTING", "RUNNING", "FAILED"]
     assert report.exit_code == 3
-    assert report.status_reason == "Essential container in task exited with code 3"
+    assert report.status_reason == algorithm_error("exited with code 3")
     assert "boom" in (agent.work_dir / "logs" / "job-1-a1.log").read_text()
 
 
@@ -57,7 +58,7 @@ async def test_killed_by_signal_is_named(make_agent: AgentFactory) -> None:
     await agent.deliver(run_cmd(python_payload("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")))
     report = await wait_final(sched, "job-1-a1")
     assert (report.status, report.exit_code) == ("FAILED", 137)
-    assert report.status_reason == "Attempt killed by signal SIGKILL"
+    assert report.status_reason == algorithm_error("killed by signal SIGKILL")
 
 
 async def test_environment_of_the_attempt(make_agent: AgentFactory, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import signal
 import textwrap
 from pathlib import Path
 
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent import ProcessRuntime, SimulatedRuntime, procs
 from gpuquota.wire.inputs import RegisterNode
 from tests.node_agent.conftest import (
@@ -43,7 +44,7 @@ async def test_simulated_success_failure_and_stop(make_agent: AgentFactory) -> N
     assert (await wait_final(sched, "ok-a1")).status == "SUCCEEDED"
     bad = await wait_final(sched, "bad-a1")
     assert (bad.status, bad.exit_code) == ("FAILED", 5)
-    assert bad.status_reason == "Essential container in task exited with code 5"
+    assert bad.status_reason == algorithm_error("exited with code 5")
     await wait_until(lambda: "RUNNING" in sched.statuses("long-a1"), what="RUNNING")
     await agent.deliver(stop_cmd("long", "long-a1"))
     stopped = await wait_final(sched, "long-a1", timeout=2)

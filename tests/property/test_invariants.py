@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gpuquota.core import ClusterState, decide, evolve, fingerprint, replay
+from gpuquota.core.hygiene import MAX_DOUBLINGS, MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG, protected_until
 from gpuquota.core.state import JobRecord, ShareKey
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -65,6 +66,10 @@ share_configs = st.tuples(
     st.integers(1, 2),  # p4 limit
     st.sampled_from([-1, 0, 50, 100, 200]),  # borrow limit (LEND_AND_BORROW only)
     st.booleans(),  # in-share preemption
+)
+hygiene_configs = st.tuples(
+    st.sampled_from([0, 0, 10, 45]),  # gpuquota:minRuntimeSeconds (0: not set)
+    st.sampled_from([0, 0, 5, 20]),  # gpuquota:reborrowBackoffSeconds (0: not set)
 )
 
 
@@ -145,6 +150,8 @@ class CheckedHarness(Harness):
             victim = state.jobs[event.job_id]
             preemptor = state.jobs[event.preemptor_job_id]
             assert victim.attempt_id == event.attempt_id and victim.stop is None, event
+            # S10.1: a victim within its share's minimum runtime is never chosen.
+            assert protected_until(state, victim, event.occurred_at) is None, event
             if event.kind == "CROSS_SHARE":  # S7.5
                 key = (event.event_id.rsplit("/", 1)[0], preemptor.job_id, victim.share)
                 spec = state.shares[victim.share].spec
@@ -207,6 +214,9 @@ def check_jobs(state: ClusterState) -> None:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    HYGIENE = False
+    """Whether shares opt in to S10's preemption hygiene (S10.4: the invariants hold both ways)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.h = CheckedHarness()
@@ -215,14 +225,24 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ----- setup -----------------------------------------------------------------------------------
 
-    @initialize(configs=st.lists(share_configs, min_size=2, max_size=4))
-    def setup(self, configs: list[tuple[Strategy, int, int, int, bool]]) -> None:
+    @initialize(
+        configs=st.lists(share_configs, min_size=2, max_size=4),
+        hygiene=st.lists(hygiene_configs, min_size=4, max_size=4),
+    )
+    def setup(
+        self, configs: list[tuple[Strategy, int, int, int, bool]], hygiene: list[tuple[int, int]]
+    ) -> None:
         h = self.h
         h.policy().environment_limits("se", SE_LIMITS).queue()
         for node_id, units in NODES.items():
             h.node(node_id, "default", **units)
         for index, (strategy, g5, p4, borrow, in_share) in enumerate(configs):
             builder = share(f"S{index}").limit(g5).limit(p4, P4).in_share_preemption(in_share)
+            min_runtime, backoff = hygiene[index]
+            if self.HYGIENE and min_runtime:
+                builder.tag(MIN_RUNTIME_TAG, str(min_runtime))
+            if self.HYGIENE and backoff:
+                builder.tag(REBORROW_BACKOFF_TAG, str(backoff))
             if strategy is Strategy.RESERVE:
                 builder.reserve()
             elif strategy is Strategy.LEND:
@@ -381,6 +401,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not self.h.state.shares:
             return
         self.quiesce()
+        for _ in range(10 if self.HYGIENE else 0):
+            # S10: protections and backoffs end with time; let it pass until nothing new runs.
+            self.h.elapse(HYGIENE_SETTLE_MS)
+            if not self.dispatched():
+                break
+            self.quiesce()
         self.check_liveness()
         self.check_replay()
 
@@ -449,3 +475,19 @@ def test_registered_slot_offers_are_sane() -> None:
         offered = Counter(unit.replace("_", ".") for units in layout.values() for unit in units)
         assert set(offered) <= set(UNITS)
     assert SlotOffer(unit=G5).gpus == ()
+
+
+class HygieneMachine(SchedulerMachine):
+    HYGIENE = True
+
+
+HYGIENE_SETTLE_MS = 20_000 << MAX_DOUBLINGS
+HygieneMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestSchedulerInvariantsWithHygiene = HygieneMachine.TestCase

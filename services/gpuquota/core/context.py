@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel
 
 from gpuquota.core.evolve import evolve
-from gpuquota.core.state import RUNNABLE, ClusterState, ShareKey
+from gpuquota.core.state import RUNNABLE, ClusterState, ShareKey, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Message
 from gpuquota.wire.events import SchedulerEvent
@@ -109,6 +109,7 @@ class Context:
         key = self._touch(recorded)
         share = self.state.shares.get(key) if key is not None else None
         head_before = None if share is None or share.head_since is None else share.head_since[0]
+        blocked_unit = self._blocked_unit(share)
         if self.before is not None:
             self.before(self.state, recorded)
         evolve(self.state, recorded)
@@ -116,8 +117,17 @@ class Context:
             head = self.state.head(share)
             if head is not None and head.job_id != head_before:
                 self.dirty.add(head.unit)
+            if blocked_unit is not None and (head is None or head.job_id != head_before):
+                self.dirty.add(blocked_unit)  # the pass records that the blocked head left (S9.1)
         self.events.append(recorded)
         return event
+
+    def _blocked_unit(self, share: ShareRecord | None) -> str | None:
+        """The unit of the share's head recorded as blocked, if any (before an event moves it)."""
+        if share is None or share.blocked is None:
+            return None
+        job = self.state.jobs.get(share.blocked[0])
+        return None if job is None else job.unit
 
     def touch_all(self) -> None:
         self.dirty = None

@@ -22,14 +22,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuquota.core import nodes
+from gpuquota.core.blocked import TIME_LIMIT_REASON
 from gpuquota.core.context import Context, EventHook
+from gpuquota.core.hygiene import tag_problem, timed_units
 from gpuquota.core.outcomes import apply_report, finish_share_deletion, reject
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobStatus, QuotaShareSpec, State, Strategy
+from gpuquota.wire.base import JobQueueSpec, JobStatus, QuotaShareSpec, State, Strategy
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
 
@@ -175,31 +177,58 @@ def _create_queue(ctx: Context, m: inp.CreateJobQueue) -> bool:
 def _update_queue(ctx: Context, m: inp.UpdateJobQueue) -> bool:
     state, spec = ctx.state, m.spec
     old = state.queues.get(spec.name)
-    if old is None:
+    if old is None or spec.name in state.queues_deleting:
         return reject(ctx, m, f"Job queue {spec.name} does not exist")
-    if spec.service_environment != old.service_environment:
-        return reject(ctx, m, "The service environment of a quota-share job queue cannot be changed")
+    if (problem := _environment_change_problem(state, old, spec)) is not None:
+        return reject(ctx, m, problem)
     if spec.scheduling_policy not in state.policies:
         return reject(ctx, m, f"Scheduling policy {spec.scheduling_policy} does not exist")
     ctx.emit(ev.JobQueueChanged, spec=spec)
     return True
 
 
+def _environment_change_problem(state: ClusterState, old: JobQueueSpec, new: JobQueueSpec) -> str | None:
+    """A queue may move to another service environment (AWS allows it) that no other queue uses;
+    across pools only while none of its jobs holds slots (they hold them in the old pool)."""
+    if new.service_environment == old.service_environment:
+        return None
+    target = state.environments.get(new.service_environment)
+    if target is None:
+        return f"Service environment {new.service_environment} does not exist"
+    taken = [q.name for q in state.queues.values() if q.service_environment == target.name]
+    if taken:
+        return f"Service environment {target.name} is already used by job queue {taken[0]}"
+    source = state.environments.get(old.service_environment)
+    holding = any(ids for share in state.shares_of_queue(old.name) for ids in share.dispatched.values())
+    if holding and (source is None or source.pool != target.pool):
+        return f"Job queue {old.name} has dispatched jobs in pool {source.pool if source else '?'}"
+    return None
+
+
 @_handles(inp.DeleteJobQueue)
 def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
-    spec = ctx.state.queues.get(m.name)
-    if spec is None:
+    """AWS asks only that the queue be DISABLED and terminates its jobs. gpuquota deletes the queue's
+    quota shares with it (S5.9, whatever their state); the queue is DELETED once they are gone."""
+    state = ctx.state
+    spec = state.queues.get(m.name)
+    if spec is None or m.name in state.queues_deleting:
         return reject(ctx, m, f"Job queue {m.name} does not exist")
     if spec.state is not State.DISABLED:
         return reject(ctx, m, f"Job queue {m.name} must be DISABLED before it is deleted")
-    if ctx.state.shares_of_queue(m.name):
-        return reject(ctx, m, f"Job queue {m.name} still has quota shares; delete them first")
-    ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETED")
-    return False
+    shares = sorted(state.shares_of_queue(m.name), key=lambda s: s.key)
+    if not shares:
+        ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETED")
+        return False
+    ctx.emit(ev.JobQueueChanged, spec=spec, status="DELETING")
+    for share in shares:
+        if not share.deleting:
+            _start_share_deletion(ctx, share, f"Job queue {m.name} deleted")
+        finish_share_deletion(ctx, share)
+    return True
 
 
 def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
-    if spec.job_queue not in ctx.state.queues:
+    if spec.job_queue not in ctx.state.queues or spec.job_queue in ctx.state.queues_deleting:
         return f"Job queue {spec.job_queue} does not exist"
     if (unit := _duplicate_unit(spec.capacity_limits)) is not None:
         return f"Capacity unit {unit} is listed twice"
@@ -207,7 +236,7 @@ def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
         return "maxCapacity must be at least 1"
     if spec.borrow_limit != -1 and spec.strategy is not Strategy.LEND_AND_BORROW:
         return "borrowLimit can only be set for the LEND_AND_BORROW strategy"
-    return None
+    return tag_problem(spec.tags)
 
 
 @_handles(inp.CreateQuotaShare)
@@ -242,8 +271,15 @@ def _delete_share(ctx: Context, m: inp.DeleteQuotaShare) -> bool:
         return reject(ctx, m, f"Quota share {m.name} does not exist in job queue {m.job_queue}")
     if share.spec.state is not State.DISABLED:
         return reject(ctx, m, f"Quota share {m.name} must be DISABLED before it is deleted")
+    _start_share_deletion(ctx, share, f"Quota share {m.name} deleted")
+    finish_share_deletion(ctx, share)
+    return True
+
+
+def _start_share_deletion(ctx: Context, share: ShareRecord, reason: str) -> None:
+    """S5.9: the share takes no more jobs; its queued jobs fail, its dispatched ones are stopped."""
+    state = ctx.state
     ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETING")
-    reason = f"Quota share {m.name} deleted"
     for job in sorted(_jobs_of_share(state, share), key=lambda j: j.job_id):
         if job.dispatched:
             if job.stop is None or job.stop.cause != "TERMINATED":
@@ -256,8 +292,6 @@ def _delete_share(ctx: Context, m: inp.DeleteQuotaShare) -> bool:
                 )
         else:
             ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=reason, is_terminated=True)
-    finish_share_deletion(ctx, share)
-    return True
 
 
 def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
@@ -382,17 +416,24 @@ def _tick(ctx: Context, m: inp.Tick) -> bool:
                 status_reason="Attempt duration exceeded",
             )
     _time_limits(ctx, now)
+    if ctx.dirty is not None:
+        ctx.dirty.update(timed_units(state))  # S10: protections and backoffs end with time
     return True
 
 
 def _time_limits(ctx: Context, now: int) -> None:
-    """S5.8: a RUNNABLE job at the head of its share for longer than the queue's limit fails."""
+    """S9.2: a head job blocked with an action's reason for its ``maxTimeSeconds`` fails."""
     state = ctx.state
     for share in list(state.shares.values()):
-        queue = state.queues.get(share.key[0])
-        if queue is None or not queue.time_limit_actions or share.head_since is None:
+        blocked = share.blocked
+        if blocked is None:
             continue
-        job_id, since = share.head_since
-        action = min(queue.time_limit_actions, key=lambda a: a.max_time_seconds)
-        if now - since >= action.max_time_seconds * 1000:
-            ctx.emit(ev.JobFailed, job_id=job_id, status_reason=action.reason, is_terminated=True)
+        queue = state.queues.get(share.key[0])
+        job_id, code, _, since = blocked
+        head = state.head(share)
+        if queue is None or head is None or head.job_id != job_id:
+            continue
+        limits = [a.max_time_seconds for a in queue.time_limit_actions if a.reason == code]
+        if limits and now - since >= min(limits) * 1000:
+            reason = TIME_LIMIT_REASON.format(code=code)
+            ctx.emit(ev.JobFailed, job_id=job_id, status_reason=reason, is_terminated=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gpuquota.core.hygiene import next_backoff
 from gpuquota.core.state import (
     RUNNABLE,
     RUNNING,
@@ -83,6 +84,10 @@ def _environment(state: ClusterState, event: ev.ServiceEnvironmentChanged) -> No
 @_handles(ev.JobQueueChanged)
 def _queue(state: ClusterState, event: ev.JobQueueChanged) -> None:
     _put_resource(state, state.queues, event.spec.name, event.spec, event.status)
+    if event.status == "DELETING":
+        state.set_add(state.queues_deleting, event.spec.name)
+    else:
+        state.set_discard(state.queues_deleting, event.spec.name)
 
 
 @_handles(ev.QuotaShareChanged)
@@ -267,6 +272,10 @@ def _preempted(state: ClusterState, event: ev.JobPreempted) -> None:
     victim = state.jobs[event.job_id]
     _drop_victim(state, victim)
     victim.put("stop", StopInfo("PREEMPTED", event.status_reason, event.preemptor_job_id))
+    if event.kind == "CROSS_SHARE":
+        victim_share = state.shares[victim.share]
+        if (backoff := next_backoff(victim_share, event.occurred_at)) is not None:
+            victim_share.put("backoff", backoff)
     hold = state.holds.get(event.preemptor_job_id)
     if hold is None:
         preemptor = state.jobs[event.preemptor_job_id]
@@ -302,6 +311,24 @@ def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
 @_handles(ev.JobTagsChanged)
 def _tags(state: ClusterState, event: ev.JobTagsChanged) -> None:
     """Tags do not take part in scheduling: only the read model keeps them."""
+
+
+@_handles(ev.JobBlocked)
+def _blocked(state: ClusterState, event: ev.JobBlocked) -> None:
+    share = state.shares[(event.job_queue, event.quota_share)]
+    current = share.blocked
+    # S9.2: a time limit counts from when the job became blocked with this code; new figures in the
+    # same code's text do not restart it.
+    same = current is not None and current[0] == event.job_id and current[1] == event.code
+    since = current[3] if same and current is not None else event.occurred_at
+    share.put("blocked", (event.job_id, event.code, event.status_reason, since))
+
+
+@_handles(ev.JobUnblocked)
+def _unblocked(state: ClusterState, event: ev.JobUnblocked) -> None:
+    share = state.shares.get((event.job_queue, event.quota_share))
+    if share is not None and share.blocked is not None and share.blocked[0] == event.job_id:
+        share.put("blocked", None)
 
 
 @_handles(ev.PreemptionHoldReleased)

@@ -15,6 +15,15 @@ from gpuquota.wire.base import ExitRule, JobStatus
 
 ReportMeaning = Literal["apply", "duplicate", "stale"]
 
+SUCCEEDED_REASON = "Received status from SageMaker: Training job completed"
+"""S9.3: a succeeded attempt's reason, as AWS writes it (``evaluateOnExit`` globs ported from AWS match)."""
+
+
+def algorithm_error(detail: str) -> str:
+    """S9.3: a failed attempt's reason as AWS writes it; ``detail``: exit code, signal or failure text."""
+    return f"Received status from SageMaker: AlgorithmError: {detail}"
+
+
 REPORT_TRANSITIONS: dict[JobStatus, dict[str, ReportMeaning]] = {
     JobStatus.SCHEDULED: {
         "STARTING": "apply",

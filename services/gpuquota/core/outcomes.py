@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gpuquota.core.context import Context
-from gpuquota.core.lifecycle import REPORT_TRANSITIONS, retry_allowed
+from gpuquota.core.lifecycle import REPORT_TRANSITIONS, algorithm_error, retry_allowed
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -26,8 +26,14 @@ def reject(
 
 
 def finish_share_deletion(ctx: Context, share: ShareRecord) -> None:
+    """A deleting share with no job left is DELETED; so is its queue, when it is being deleted and this
+    was its last share."""
+    state = ctx.state
     if share.deleting and not share.queue and not any(share.dispatched.values()):
         ctx.emit(ev.QuotaShareChanged, spec=share.spec, status="DELETED")
+        name = share.key[0]
+        if name in state.queues_deleting and not state.shares_of_queue(name):
+            ctx.emit(ev.JobQueueChanged, spec=state.queues[name], status="DELETED")
 
 
 def jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
@@ -100,7 +106,7 @@ def failure_reason(m: inp.AttemptReport) -> str:
     if m.status_reason:
         return m.status_reason
     if m.exit_code is not None:
-        return f"Essential container in task exited with code {m.exit_code}"
+        return algorithm_error(f"exited with code {m.exit_code}")
     return "Attempt failed"
 
 

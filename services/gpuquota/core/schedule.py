@@ -18,6 +18,8 @@ state under trial) at once, so later phases see earlier decisions.
 3. Reclaim phase (S4.1). Blocked in-quota heads, oldest first, reclaim capacity from borrowing shares.
 4. In-share phase (S4.2). Heads that still wait, in shares with in-share preemption, preempt strictly
    lower-priority jobs of their own share.
+5. Blocked heads (S9.1). Every share's head that can never run as things are is recorded with its
+   reason (``gpuquota.core.blocked``), and a head that no longer is, cleared.
 
 Without backfill (the default) only heads are ever considered (S3.2). With the policy's ``backfill``
 extension, a blocked head lets up to ``BACKFILL_SCAN`` later jobs of its share try the same phase.
@@ -31,10 +33,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
+from gpuquota.core.blocked import record_blocked
 from gpuquota.core.context import Context, construct
-from gpuquota.core.preemption import cross_share_candidates, find_victims, in_share_candidates
+from gpuquota.core.hygiene import borrow_blocked_until, protected_until
+from gpuquota.core.preemption import Eligible, cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
-from gpuquota.core.state import LEND_AND_BORROW, JobRecord, ShareRecord
+from gpuquota.core.state import LEND_AND_BORROW, JobRecord, ShareKey, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Placement, ServiceEnvironmentSpec
 
@@ -115,6 +119,8 @@ class EnvironmentPass:
         # 4. In-share phase for every head that still waits.
         for job in sorted(waiting + blocked_borrowing + self.over_quota_heads(), key=head_order):
             self.preempt_in_share(job)
+        # 5. Record which heads can never run as things are (S9.1).
+        record_blocked(self.ctx, self.environment, self.shares)
 
     # ----- phase 0 -----------------------------------------------------------------------------
 
@@ -149,9 +155,13 @@ class EnvironmentPass:
         job = self.state.head(share)
         if job is None or job.job_id in self.state.holds or not self.in_scope(job.unit):
             return None
-        if not in_quota and share.spec.strategy is not LEND_AND_BORROW:
+        if not in_quota and (share.spec.strategy is not LEND_AND_BORROW or not self.may_borrow(share)):
             return None
         return job if self.in_quota(job, share) is in_quota else None
+
+    def may_borrow(self, share: ShareRecord) -> bool:
+        """S10.2: a share in reborrow backoff takes no idle capacity beyond its limit."""
+        return share.backoff is None or borrow_blocked_until(share, self.ctx.now) is None
 
     def sweep(self, in_quota: bool) -> list[JobRecord]:
         """Dispatch heads of this phase oldest first while they fit; return the heads that did not."""
@@ -193,6 +203,8 @@ class EnvironmentPass:
     def backfill_share(self, share: ShareRecord, in_quota: bool) -> bool:
         """Backfill extension: dispatch the first later job of the share that fits in this phase."""
         phase = "IN_QUOTA" if in_quota else "BORROW"
+        if not in_quota and not self.may_borrow(share):
+            return False
         for job in self.queued_after_head(share):
             if job.job_id in self.state.holds or self.in_quota(job, share) is not in_quota:
                 continue
@@ -244,7 +256,7 @@ class EnvironmentPass:
         if job.job_id in self.state.holds:
             return True
         candidates, eligible = cross_share_candidates(self.ledger, job)
-        victims = find_victims(self.ledger, job, candidates, eligible)
+        victims = find_victims(self.ledger, job, candidates, self.unprotected(eligible))
         if victims is None:
             return False
         self.preempt(job, victims, "CROSS_SHARE")
@@ -257,9 +269,18 @@ class EnvironmentPass:
         if self.state.head(share) is not job:
             return
         candidates, eligible = in_share_candidates(self.ledger, job)
-        victims = find_victims(self.ledger, job, candidates, eligible)
+        victims = find_victims(self.ledger, job, candidates, self.unprotected(eligible))
         if victims is not None:
             self.preempt(job, victims, "IN_SHARE")
+
+    def unprotected(self, eligible: Eligible) -> Eligible:
+        """S10.1: victims still within their share's minimum runtime are not eligible."""
+        state, now = self.state, self.ctx.now
+
+        def check(victim: JobRecord, removed: dict[ShareKey, int]) -> bool:
+            return protected_until(state, victim, now) is None and eligible(victim, removed)
+
+        return check
 
     def preempt(self, preemptor: JobRecord, victims: list[JobRecord], kind: str) -> None:
         state = self.state
@@ -288,6 +309,7 @@ class EnvironmentPass:
                 victim_share=victim.share[1],
                 kind=kind,
                 status_reason=reason,
+                victim_runtime_ms=0 if victim.started_at is None else self.ctx.now - victim.started_at,
                 figures=ev.PreemptionFigures(
                     unit=preemptor.unit,
                     preemptor_demand=preemptor.count,

@@ -60,6 +60,9 @@ QueueKey = tuple[int, int, str]
 VictimKey = tuple[int, int, str]
 """A dispatched job's place as a preemption victim: (priority, -dispatch sequence, job id) (S4.1)."""
 
+Blocked = tuple[str, str, str, int]
+"""(job id, code, status reason, since when) of a share's blocked head job (S9.1, S9.2)."""
+
 ShareKey = tuple[str, str]
 """(job queue name, quota share name): share names are unique within their queue."""
 
@@ -252,6 +255,8 @@ class StopInfo:
 class ShareRecord(Mutable):
     __slots__ = (
         "_limits",
+        "backoff",
+        "blocked",
         "deleting",
         "dispatched",
         "head_since",
@@ -276,7 +281,11 @@ class ShareRecord(Mutable):
         self.victims: dict[str, list[VictimKey]] = {}
         """Per unit: dispatched jobs that are not stopping, in S4.1 victim order (``victim_key``)."""
         self.head_since: tuple[str, int] | None = None
-        """(job id, since when) of the job at the head of this share (S5.8 time limits)."""
+        """(job id, since when) of the job at the head of this share."""
+        self.blocked: Blocked | None = None
+        """The head job recorded as blocked (S9.1), its code, status reason and since when (S9.2)."""
+        self.backoff: tuple[int, int, int] | None = None
+        """S10.2 reborrow backoff: (may borrow again at, current length, last reclaim) in ms."""
         self._limits: tuple[QuotaShareSpec, dict[str, int]] | None = None
 
     @property
@@ -346,6 +355,8 @@ class ClusterState:
         self.jobs: dict[str, JobRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.holds: dict[str, Hold] = {}
+        self.queues_deleting: set[str] = set()
+        """Job queues deleted while they had quota shares: DELETED once those are gone."""
         self.deadlines = SortedKeys()
         """(deadline ms, job id, attempt id) of attempts with a ``attemptDurationSeconds`` timeout."""
         self.pool_slots: dict[str, dict[str, int]] = {}
@@ -499,6 +510,8 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             sorted((u, sorted(ids)) for u, ids in s.dispatched.items()),
             sorted((u, tuple(keys)) for u, keys in s.victims.items()),
             s.head_since,
+            s.blocked,
+            s.backoff,
         )
         for key, s in sorted(state.shares.items())
     )
@@ -526,6 +539,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
         jobs,
         nodes,
         holds,
+        sorted(state.queues_deleting),
         tuple(state.deadlines),
         sorted((p, sorted(c.items())) for p, c in state.pool_slots.items()),
         sorted((p, sorted(c.items())) for p, c in state.pool_free.items()),

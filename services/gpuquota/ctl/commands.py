@@ -413,6 +413,8 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
     explanation = data.get("explanation")
     if explanation is not None:
         lines += ["", f"{style('Why', 'bold')}: {explanation['reason']}", f"  {explanation['message']}"]
+        if explanation.get("until"):
+            lines.append(f"  until {render.when(explanation['until'])}")
         if explanation.get("position"):
             head = explanation.get("shareHeadName") or explanation.get("shareHead")
             lines.append(f"  position {explanation['position']} in its share's queue (head: {head})")

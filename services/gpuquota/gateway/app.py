@@ -23,7 +23,6 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -32,9 +31,16 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gpuquota.arns import ArnFactory
+from gpuquota.core.blocked import BLOCKED_CODES
 from gpuquota.core.explain import Explanation
 from gpuquota.gateway.auth import AccessDenied, Keyring, Principal, SignedRequest, verify
-from gpuquota.gateway.errors import ApiError, ClientException, ServerException
+from gpuquota.gateway.edge import body_params as _body
+from gpuquota.gateway.edge import errors as _errors
+from gpuquota.gateway.edge import json_response as _json
+from gpuquota.gateway.edge import parse_json
+from gpuquota.gateway.edge import uuid4 as _uuid4
+from gpuquota.gateway.edge import validation_message as _validation_message
+from gpuquota.gateway.errors import ApiError, ClientException
 from gpuquota.gateway.params import Params, check_tags, paginate
 from gpuquota.gateway.ports import CommandPort, CommandRejected
 from gpuquota.readmodel import JobView, ReadModel, ResourceView
@@ -68,6 +74,7 @@ Explainer = Callable[[str], Explanation | None]
 MAX_SHARES_PER_QUEUE = 20
 MAX_PAYLOAD_BYTES = 10 * 1024
 MAX_SUBMIT_BYTES = 30 * 1024
+MAX_TERMINATE_JOBS = 50
 MAX_BODY_BYTES = 1024 * 1024
 STATES = ("ENABLED", "DISABLED")
 JOB_STATUSES = tuple(s.value for s in JobStatus)
@@ -280,10 +287,9 @@ class Gateway:
             raise ClientException(f"{key} must have at least one entry")
         limits = []
         for item in items:
-            unit = item.req_string("capacityUnit", max_len=128)
-            if not unit:
-                raise ClientException(f"{item.where}.capacityUnit must not be empty")
-            limits.append(CapacityLimit(unit=unit, max_capacity=item.req_integer("maxCapacity", low=0)))
+            limits.append(
+                CapacityLimit(unit=item.req_unit(), max_capacity=item.req_integer("maxCapacity", low=0))
+            )
         units = [c.unit for c in limits]
         if len(set(units)) != len(units):
             raise ClientException(f"{key} lists a capacityUnit more than once")
@@ -359,7 +365,7 @@ class Gateway:
                 )
             actions.append(
                 TimeLimitAction(
-                    reason=item.req_string("reason", max_len=1024),
+                    reason=item.req_enum("reason", BLOCKED_CODES),
                     max_time_seconds=item.req_integer("maxTimeSeconds", low=600, high=86400),
                 )
             )
@@ -458,7 +464,7 @@ class Gateway:
             raise ClientException("A quota share must have between 1 and 5 capacity limits")
         limits = tuple(
             CapacityLimit(
-                unit=item.req_string("capacityUnit", max_len=128),
+                unit=item.req_unit(),
                 max_capacity=item.req_integer("maxCapacity", low=1),
             )
             for item in items
@@ -565,10 +571,7 @@ class Gateway:
     def _demand(self, payload: str) -> tuple[str, int]:
         if len(payload.encode()) > MAX_PAYLOAD_BYTES:
             raise ClientException("serviceRequestPayload must be at most 10 KiB")
-        try:
-            request = json.loads(payload)
-        except ValueError:
-            raise ClientException("serviceRequestPayload must be a JSON object") from None
+        request = parse_json(payload, "serviceRequestPayload")
         if not isinstance(request, dict):
             raise ClientException("serviceRequestPayload must be a JSON object")
         body = Params(request, "serviceRequestPayload")
@@ -735,7 +738,10 @@ class Gateway:
             out["nextToken"] = token
         return out
 
-    async def _terminate(self, ref: str, reason: str) -> None:
+    async def _terminate(self, ref: str, reason: str, unknown_ok: bool = False) -> None:
+        """``unknown_ok``: TerminateServiceJobs, where AWS reports unknown ids as successful."""
+        if unknown_ok and self._ref(ref, "service-job", "service job")[0] not in self.rm.jobs:
+            return
         job = self._job(ref)
         if job.terminal:
             return
@@ -747,13 +753,13 @@ class Gateway:
         return {}
 
     async def op_TerminateServiceJobs(self, p: Params) -> dict[str, Any]:
-        refs = p.strs("jobs", required=True, max_items=100) or []
+        refs = p.strs("jobs", required=True, max_items=MAX_TERMINATE_JOBS) or []
         reason = p.req_string("reason", max_len=1024)
         successful: list[str] = []
         errors: list[dict[str, str]] = []
         for ref in refs:
             try:
-                await self._terminate(ref, reason)
+                await self._terminate(ref, reason, unknown_ok=True)
             except ApiError as exc:
                 errors.append({"job": ref, "code": exc.code, "message": exc.message})
             else:
@@ -872,6 +878,7 @@ class Gateway:
                 "shareHeadName": None if head is None else head.spec.job_name,
                 "figures": {_camel(k): v for k, v in found.figures.items()},
                 "startEstimate": found.estimate,
+                "until": found.until,
             }
         return out
 
@@ -927,7 +934,7 @@ class Gateway:
         elif name in ("updateservicejob", "describeservicejob", "terminateservicejob"):
             self._check_job(principal, action, p.req_string("jobId"))
         elif name == "terminateservicejobs":
-            for ref in p.strs("jobs", required=True, max_items=100) or []:
+            for ref in p.strs("jobs", required=True, max_items=MAX_TERMINATE_JOBS) or []:
                 self._check_job(principal, action, ref)
 
     # ----- HTTP --------------------------------------------------------------------------------
@@ -999,67 +1006,6 @@ def _matches(job: JobView, name: str, values: list[str]) -> bool:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
-
-
-def _validation_message(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"])
-    return f"Invalid value for {where}: {error['msg']}" if where else str(error["msg"])
-
-
-def _body(raw: bytes) -> Params:
-    if not raw.strip():
-        return Params({})
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise ClientException("The request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ClientException("The request body must be a JSON object")
-    return Params(body)
-
-
-_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
-
-
-def _uuid4() -> str:
-    """``str(uuid.uuid4())`` in a fifth of the time (the same 122 random bits, version and variant):
-    a submission takes three (job id, input id, request id)."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
-
-
-def _json(data: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    response_headers = {"x-amzn-RequestId": _uuid4()}
-    if headers:
-        response_headers.update(headers)
-    return web.Response(
-        status=status,
-        body=json.dumps(data).encode(),
-        content_type="application/json",
-        headers=response_headers,
-    )
-
-
-def _error(exc: ApiError) -> web.Response:
-    return _json({"message": exc.message}, status=exc.status, headers={"x-amzn-ErrorType": exc.code})
-
-
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return _error(exc)
-    except web.HTTPException as exc:
-        if exc.status < 500:
-            return _error(ClientException(exc.reason))
-        return _error(ServerException(exc.reason))
-    except Exception:
-        log.exception("internal error in %s %s", request.method, request.path)
-        return _error(ServerException("Internal server error"))
 
 
 async def _health(_: web.Request) -> web.Response:

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from gpuquota.gateway.app import Gateway, _json
+from gpuquota.gateway.app import Gateway
+from gpuquota.gateway.edge import json_response as _json
 from gpuquota.gateway.errors import ClientException
 from gpuquota.node_agent.logs import MAX_CHUNK, log_path, read_log
 from gpuquota.nodeview import ACTIVE, ActiveAttempt

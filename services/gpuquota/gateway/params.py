@@ -15,6 +15,8 @@ T = TypeVar("T")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 MAX_TAGS = 50
+MAX_INTEGER = 2**31 - 1
+"""AWS's ``Integer`` shape is a signed 32-bit integer: larger values are refused, never stored."""
 
 
 class Params:
@@ -73,6 +75,8 @@ class Params:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise ClientException(f"Invalid type for parameter {self._path(key)}: expected an integer")
+        if high is None and value > MAX_INTEGER:
+            raise ClientException(f"{self._path(key)} must be at most {MAX_INTEGER}, got {value}")
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = (
                 f"between {low} and {high}"
@@ -92,6 +96,13 @@ class Params:
         if value is not None and value not in allowed:
             raise ClientException(f"{self._path(key)} must be one of {', '.join(allowed)}, got {value}")
         return value
+
+    def req_unit(self, key: str = "capacityUnit") -> str:
+        """An instance type (capacity unit): 1 to 128 characters."""
+        unit = self.req_string(key, max_len=128)
+        if not unit:
+            raise ClientException(f"{self._path(key)} must not be empty")
+        return unit
 
     def req_enum(self, key: str, allowed: Sequence[str]) -> str:
         value = self.enum(key, allowed, required=True)
@@ -157,6 +168,8 @@ def check_tags(tags: dict[Any, Any]) -> dict[str, str]:
     for k, v in tags.items():
         if not isinstance(k, str) or not 1 <= len(k) <= 128:
             raise ClientException("Tag keys must be strings of 1 to 128 characters")
+        if k.lower().startswith("aws:"):
+            raise ClientException(f"Invalid value for tags: the prefix aws: is reserved for AWS use ({k})")
         if not isinstance(v, str) or len(v) > 256:
             raise ClientException(f"The value of tag {k} must be a string of at most 256 characters")
     return dict(tags)
@@ -168,15 +181,22 @@ def paginate(items: Sequence[T], params: Params) -> tuple[list[T], str | None]:
     token = params.string("nextToken")
     start = 0
     if token:
-        try:
-            start = int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
-        except (ValueError, KeyError, TypeError, binascii.Error):
-            raise ClientException("Invalid nextToken") from None
-        if start < 0:
-            raise ClientException("Invalid nextToken")
+        start = _token_offset(token)
     page = list(items[start : start + limit])
     end = start + len(page)
     next_token = None
     if end < len(items):
         next_token = base64.urlsafe_b64encode(json.dumps({"offset": end}).encode()).decode()
     return page, next_token
+
+
+def _token_offset(token: str) -> int:
+    """The offset a ``nextToken`` of ours holds; anything else (forged, corrupt, out of range:
+    ``{"offset": 1e999}``, deep nesting) is the caller's error, never ours."""
+    try:
+        offset: object = json.loads(base64.urlsafe_b64decode(token.encode()))["offset"]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
+        raise ClientException("Invalid value for nextToken") from None
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= 2**31:
+        raise ClientException("Invalid value for nextToken")
+    return offset

@@ -174,7 +174,7 @@ def describe_exit(code: int, oom: bool, failure: str | None) -> str:
     if code > 128:
         with contextlib.suppress(ValueError):
             return f"Container killed by signal {signal.Signals(code - 128).name} (exit code {code})"
-    return f"Essential container in task exited with code {code}"
+    return f"exited with code {code}"
 
 
 class ContainerHandle:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent.runtime import Outcome
 from gpuquota.wire.inputs import AttemptStatus
 
@@ -31,13 +32,10 @@ def final_status(
     if outcome.exit_code == 0:
         return "SUCCEEDED", None, 0
     if outcome.signal is not None:
-        return "FAILED", outcome.reason or f"Attempt killed by signal {signal_name(outcome.signal)}", code
+        detail = outcome.reason or f"killed by signal {signal_name(outcome.signal)}"
+        return "FAILED", algorithm_error(detail), code
     if outcome.exit_code is not None:
-        return (
-            "FAILED",
-            outcome.reason or f"Essential container in task exited with code {outcome.exit_code}",
-            code,
-        )
+        return "FAILED", algorithm_error(outcome.reason or f"exited with code {outcome.exit_code}"), code
     return None
 
 

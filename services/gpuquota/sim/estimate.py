@@ -182,12 +182,12 @@ def estimating_explainer(
     """``explain`` with a start estimate for RUNNABLE jobs (the gateway's explainer)."""
 
     def explainer(job_id: str) -> Explanation | None:
-        current = state()
-        found = explain(current, job_id)
+        current, now = state(), clock()
+        found = explain(current, job_id, now=now)
         if found is None or found.status != JobStatus.RUNNABLE.value:
             return found
         try:
-            found_estimate = estimate(current, read_model, job_id, clock())
+            found_estimate = estimate(current, read_model, job_id, now)
         except Exception:  # an estimate is a courtesy: never let it break ``explain``
             log.exception("start estimate of job %s failed", job_id)
             return found

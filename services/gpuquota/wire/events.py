@@ -104,7 +104,8 @@ class JobSucceeded(Message):
     type: Literal["JobSucceeded"] = "JobSucceeded"
     job_id: str
     attempt_id: str
-    status_reason: str = "Essential container in task exited"
+    status_reason: str = "Received status from SageMaker: Training job completed"
+    """S9.3: AWS's text (``gpuquota.core.lifecycle.SUCCEEDED_REASON``)."""
     status: Literal[JobStatus.SUCCEEDED] = JobStatus.SUCCEEDED
 
 
@@ -165,6 +166,8 @@ class JobPreempted(Message):
     kind: PreemptionKind
     status_reason: str
     figures: PreemptionFigures
+    victim_runtime_ms: int = 0
+    """S10.3: how long the victim's attempt had been RUNNING (0 if it had not started)."""
 
 
 StopCause = Literal["TERMINATED", "TIMEOUT", "SHARE_DELETED"]
@@ -192,6 +195,36 @@ class JobTagsChanged(Message):
     type: Literal["JobTagsChanged"] = "JobTagsChanged"
     job_id: str
     tags: dict[str, str]
+
+
+BlockedCode = Literal[
+    "MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE",
+    "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED",
+    "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+]
+"""Why a RUNNABLE head job is blocked (S9.1): AWS's codes, also the only valid time-limit reasons."""
+
+
+class JobBlocked(Message):
+    """The head of a quota share is blocked (S9.1); its ``statusReason`` is ``status_reason`` from now.
+
+    Recorded when the code or its figures change: ``since`` (S9.2) is kept while the code stays."""
+
+    type: Literal["JobBlocked"] = "JobBlocked"
+    job_id: str
+    job_queue: str
+    quota_share: str
+    code: BlockedCode
+    status_reason: str
+
+
+class JobUnblocked(Message):
+    """The job recorded as blocked in its share no longer is (it fits, moved, or left the head)."""
+
+    type: Literal["JobUnblocked"] = "JobUnblocked"
+    job_id: str
+    job_queue: str
+    quota_share: str
 
 
 class PreemptionHoldReleased(Message):
@@ -263,6 +296,8 @@ SchedulerEvent = Annotated[
     | JobStopRequested
     | JobPriorityChanged
     | JobTagsChanged
+    | JobBlocked
+    | JobUnblocked
     | PreemptionHoldReleased
     | AttemptFenced
     | NodeRegistered

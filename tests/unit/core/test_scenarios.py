@@ -14,9 +14,18 @@ from typing import Any, cast
 import pytest
 
 from gpuquota.core import fingerprint, replay
+from gpuquota.core.blocked import (
+    INSUFFICIENT_INSTANCE_CAPACITY,
+    QUOTA_MANAGEMENT_LIMIT_EXCEEDED,
+    SERVICE_ENVIRONMENT_MAX_RESOURCE,
+    TIME_LIMIT_REASON,
+)
+from gpuquota.core.hygiene import MIN_RUNTIME_TAG as MIN_RUNTIME
+from gpuquota.core.hygiene import REBORROW_BACKOFF_TAG as BACKOFF
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobSpec, Message, State
+from gpuquota.wire.base import JobQueueSpec, JobSpec, Message, State
 from gpuquota.wire.events import EVENT_ADAPTER
 from tests.builders import (
     CROSS,
@@ -35,6 +44,11 @@ from tests.builders import (
 )
 
 SCHEDULED, RUNNING, RUNNABLE = "SCHEDULED", "RUNNING", "RUNNABLE"
+QUOTA_LIMIT, SE_MAX, NO_NODES = (
+    QUOTA_MANAGEMENT_LIMIT_EXCEEDED,
+    SERVICE_ENVIRONMENT_MAX_RESOURCE,
+    INSUFFICIENT_INSTANCE_CAPACITY,
+)
 SUCCEEDED, FAILED, REJECTED = "SUCCEEDED", "FAILED", "REJECTED"
 
 
@@ -503,7 +517,7 @@ CASES: dict[str, Case] = {
         Round([do.submit(job("j").retries(3)), do.running("j"), do.fail("j")],
               want_status={"j": SCHEDULED}, want=[expect.attempt("j", 2), expect.failures("j", 1)]),
         Round([do.running("j"), do.fail("j")], want_status={"j": SCHEDULED}, want=[expect.attempt("j", 3)]),
-        Round([do.running("j"), do.fail("j", "Essential container in task exited with code 3")],
+        Round([do.running("j"), do.fail("j", algorithm_error("exited with code 3"))],
               want_status={"j": FAILED}, want=[expect.reason("j", "exited with code 3")]),
     ]),
     "evaluate_on_exit_first_match_wins": Case("S5.4", pool(4, lend("QS1", 4)), [
@@ -583,15 +597,79 @@ CASES: dict[str, Case] = {
         Round([do.undrain("node-0")], want_status={"a3": SCHEDULED},
               want=[expect.placement("a3", ("node-1", (1,), (1,)), ("node-0", (0,), (0,)))]),
     ]),
-    "time_limit_fails_runnable_head": Case("S5.8", pool(1, lend("QS1"), time_limit=60), [
-        Round([do.submit(job("a1")), do.running("a1"), do.submit(job("a2"), job("a3")),
-               do.elapse(59_000)],
-              want_status={"a1": RUNNING, "a2": RUNNABLE, "a3": RUNNABLE}),
-        Round([do.elapse(2_000)], want_status={"a1": RUNNING, "a2": FAILED, "a3": RUNNABLE},
-              want=[expect.reason("a2", "Stuck at head"), expect.terminated("a2")]),
-        # a3 became the head only now: its own clock starts now.
-        Round([do.elapse(30_000)], want_status={"a3": RUNNABLE}),
-        Round([do.elapse(31_000)], want_status={"a3": FAILED, "a1": RUNNING}),
+    "time_limit_fails_only_blocked_heads": Case("S9.1, S9.2", pool(2, lend("QS1"), lab("B"), time_limit=60), [
+        # a2 only waits its turn (its share is at its limit): not blocked, never timed out.
+        Round([do.submit(job("a1"), job("a2")), do.running("a1"), do.elapse(120_000)],
+              want_status={"a1": RUNNING, "a2": RUNNABLE}, want_reason={"a2": "WAITING_FOR_OWN_QUOTA"},
+              want=[expect.blocked("a2", None)]),
+        # big can never fit QS1 (limit 1, LEND): blocked at the head, its clock starts now.
+        Round([do.submit(job("big").needs(2).priority(5)), do.elapse(59_000)],
+              want_status={"big": RUNNABLE, "a2": RUNNABLE},
+              want_reason={"big": QUOTA_LIMIT, "a2": "BEHIND_SHARE_HEAD"},
+              want=[expect.blocked("big", QUOTA_LIMIT)]),
+        Round([do.elapse(2_000)], want_status={"big": FAILED, "a2": RUNNABLE, "a1": RUNNING},
+              want=[expect.reason("big", TIME_LIMIT_REASON.format(code=QUOTA_LIMIT)),
+                    expect.terminated("big"), expect.blocked("a2", None)]),
+        # A LEND_AND_BORROW share with an unbounded borrow limit is blocked only by the SE's limit.
+        Round([do.submit(job("b3").share("B").needs(3)), do.elapse(61_000)],
+              want_status={"b3": RUNNABLE}, want_reason={"b3": SE_MAX},
+              want=[expect.blocked("b3", SE_MAX)]),
+    ]),
+    "blocked_by_missing_nodes_until_they_come": Case("S9.1", pool(2, lend("QS1", 2), nodes=2), [
+        Round([do.deregister("node-1"), do.submit(job("a").needs(2))], want_status={"a": RUNNABLE},
+              want_reason={"a": NO_NODES}, want=[expect.blocked("a", NO_NODES)]),
+        Round([do.register("node-1", ml_g5_xlarge=1)], want_status={"a": SCHEDULED},
+              want=[expect.blocked("a", None),
+                    expect.last_events("NodeRegistered", "JobDispatched", "JobUnblocked")]),
+    ]),
+    "queue_deletion_takes_its_shares": Case("S5.9", pool(1, lend("A"), lend("B")), [
+        Round([do.submit(job("a1").share("A"), job("a2").share("A"), job("b1").share("B")), do.running("a1"),
+               do.feed(inp.DeleteJobQueue, name="jq")],
+              want_rejected=["Job queue jq must be DISABLED before it is deleted"]),
+        Round([do.feed(inp.UpdateJobQueue, spec=JobQueueSpec(
+                   name="jq", service_environment="se", scheduling_policy="policy", state=State.DISABLED)),
+               do.feed(inp.DeleteJobQueue, name="jq")],
+              want_status={"a1": RUNNING, "a2": FAILED, "b1": FAILED},
+              want=[expect.reason("a2", "Job queue jq deleted"), expect.stopping("a1"),
+                    expect.share_gone("B"),
+                    expect.that("jq is deleting", lambda h: "jq" in h.state.queues_deleting)]),
+        Round([do.submit(job("late").share("A")), do.feed(inp.DeleteJobQueue, name="jq")],
+              want_status={"late": REJECTED}, want_rejected=["is DISABLED", "does not exist"]),
+        Round([do.stopped("a1")], want_status={"a1": FAILED},
+              want=[expect.share_gone("A"), expect.that("jq is gone", lambda h: "jq" not in h.state.queues)]),
+    ]),
+    # ----- S10: preemption hygiene (opt-in) ----------------------------------------------------------------
+    "min_runtime_delays_a_reclaim": Case("S10.1", pool(2, lab("A").tag(MIN_RUNTIME, "60"), lend("B")), [
+        Round([do.submit(job("a1").share("A"), job("a2").share("A")), do.running("a1", "a2")],
+              want_status={"a1": RUNNING, "a2": RUNNING}, want_usage={"A": 2}),
+        # a2 borrows B's instance but has run less than 60 s: b1 waits, and explain says until when.
+        Round([do.submit(job("b1").share("B"))], want_status={"b1": RUNNABLE},
+              want_reason={"b1": "WAITING_FOR_MIN_RUNTIME"},
+              want=[expect.that("b1 waits 60 s", lambda h: (h.waits_until("b1") or 0) - h.now > 55_000)]),
+        Round([do.elapse(45_000)], want_status={"b1": RUNNABLE}),
+        Round([do.elapse(16_000)], want_preempted=[("a2", "b1", CROSS)]),
+    ]),
+    "min_runtime_guards_in_share_victims": Case("S10.1", pool(
+            1, lend("A").tag(MIN_RUNTIME, "30").in_share_preemption()), [
+        Round([do.submit(job("low").share("A").priority(1)), do.running("low"),
+               do.submit(job("high").share("A").priority(5))], want_status={"high": RUNNABLE}),
+        Round([do.elapse(31_000)], want_preempted=[("low", "high", IN_SHARE)]),
+    ]),
+    "reborrow_backoff_after_a_reclaim": Case("S10.2", pool(2, lab("A").tag(BACKOFF, "30"), lend("B")), [
+        Round([do.submit(job("a1").share("A"), job("a2").share("A")), do.running("a1", "a2"),
+               do.submit(job("b1").share("B"))], want_preempted=[("a2", "b1", CROSS)]),
+        Round([do.stop_all(), do.running("b1"), do.succeed("b1")],
+              want_status={"a2": RUNNABLE, "b1": SUCCEEDED}, want_reason={"a2": "REBORROW_BACKOFF"}),
+        Round([do.elapse(31_000)], want_status={"a2": SCHEDULED}),
+        # Reclaimed again within 10 x 30 s: the backoff doubles to 60 s.
+        Round([do.running("a2"), do.submit(job("b2").share("B"))], want_preempted=[("a2", "b2", CROSS)]),
+        Round([do.stop_all(), do.running("b2"), do.succeed("b2"), do.elapse(31_000)],
+              want_status={"a2": RUNNABLE}, want_reason={"a2": "REBORROW_BACKOFF"}),
+        Round([do.elapse(30_000)], want_status={"a2": SCHEDULED}),
+    ]),
+    "hygiene_tags_are_validated": Case("S10", pool(1, lend("A")), [
+        Round([do.update_share(lend("A").tag(MIN_RUNTIME, "soon"))],
+              want_rejected=["Tag gpuquota:minRuntimeSeconds must be a whole number of seconds"]),
     ]),
     "share_deletion_rules": Case("S5.9", pool(1, lend("A"), lend("B")), [
         Round([do.submit(job("b1").share("B"), job("b2").share("B"), job("a1").share("A"),
