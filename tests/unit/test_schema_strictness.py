@@ -136,3 +136,29 @@ def test_every_schema_is_valid_draft_2020_12_with_an_id_and_requires_type() -> N
         assert document["$id"] == SCHEMA_ID_PREFIX + path.name
         if path.name[0].isupper():  # one message type
             assert {"type", "schema_version", "event_id", "occurred_at"} <= set(document["required"]), path
+
+
+def test_ids_derived_from_the_longest_input_id_still_fit() -> None:
+    """A producer's input id of the maximum length must not make its events or node commands invalid
+    (they extend it: ``<input>/<n>``, ``<event>/<node>``); one longer is refused at the edge."""
+    from gpuquota.wire.base import INPUT_ID_MAX
+    from gpuquota.wire.inputs import SubmitJob
+    from gpuquota.wire.node_commands import RunAttempt
+
+    longest = "i" * INPUT_ID_MAX
+    node = "n" * 256
+    RunAttempt(
+        event_id=f"{longest}/99999/{node}",
+        occurred_at=0,
+        node_id=node,
+        job_id="j",
+        job_name="j",
+        attempt_id="j#1",
+        attempt_number=1,
+        unit="ml.g5.xlarge",
+        slots=(0,),
+        gpus=(),
+        payload="{}",
+    )
+    with pytest.raises(ValidationError, match="event_id"):
+        SubmitJob.model_validate({"event_id": longest + "i", "occurred_at": 0, "spec": {}})

@@ -34,12 +34,19 @@ def _envelope_required(schema: dict[str, Any]) -> None:
             required.insert(0, name)
 
 
+INPUT_ID_MAX = 256
+"""The longest ``event_id`` a producer may give an input (``gpuquota.wire.inputs.Input``)."""
+DERIVED_ID_MAX = 1024
+"""The longest ``event_id`` of any message: decided events are ``<input id>/<n>`` and node commands
+``<event id>/<node id>`` (a node id has at most 256 characters), so they always fit."""
+
+
 class Message(Frozen):
     """Base of every message: an id, a time and a schema version (the ``type`` tag is per class)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_envelope_required)
 
-    event_id: Annotated[str, Field(min_length=1, max_length=256)]
+    event_id: Annotated[str, Field(min_length=1, max_length=DERIVED_ID_MAX)]
     occurred_at: EpochMs
     schema_version: Literal[1] = 1
 

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from gpuquota.wire.base import (
+    INPUT_ID_MAX,
     Frozen,
     JobQueueSpec,
     JobSpec,
@@ -26,79 +27,86 @@ from gpuquota.wire.base import (
 )
 
 
-class CreateSchedulingPolicy(Message):
+class Input(Message):
+    """Base of every scheduler input: its ``event_id`` is shorter than other messages', so that the ids
+    derived from it (events, node commands) stay within ``DERIVED_ID_MAX``."""
+
+    event_id: Annotated[str, Field(min_length=1, max_length=INPUT_ID_MAX)]
+
+
+class CreateSchedulingPolicy(Input):
     type: Literal["CreateSchedulingPolicy"] = "CreateSchedulingPolicy"
     spec: SchedulingPolicySpec
 
 
-class UpdateSchedulingPolicy(Message):
+class UpdateSchedulingPolicy(Input):
     type: Literal["UpdateSchedulingPolicy"] = "UpdateSchedulingPolicy"
     spec: SchedulingPolicySpec
 
 
-class DeleteSchedulingPolicy(Message):
+class DeleteSchedulingPolicy(Input):
     type: Literal["DeleteSchedulingPolicy"] = "DeleteSchedulingPolicy"
     name: Name
 
 
-class CreateServiceEnvironment(Message):
+class CreateServiceEnvironment(Input):
     type: Literal["CreateServiceEnvironment"] = "CreateServiceEnvironment"
     spec: ServiceEnvironmentSpec
 
 
-class UpdateServiceEnvironment(Message):
+class UpdateServiceEnvironment(Input):
     type: Literal["UpdateServiceEnvironment"] = "UpdateServiceEnvironment"
     spec: ServiceEnvironmentSpec
 
 
-class DeleteServiceEnvironment(Message):
+class DeleteServiceEnvironment(Input):
     type: Literal["DeleteServiceEnvironment"] = "DeleteServiceEnvironment"
     name: Name
 
 
-class CreateJobQueue(Message):
+class CreateJobQueue(Input):
     type: Literal["CreateJobQueue"] = "CreateJobQueue"
     spec: JobQueueSpec
 
 
-class UpdateJobQueue(Message):
+class UpdateJobQueue(Input):
     type: Literal["UpdateJobQueue"] = "UpdateJobQueue"
     spec: JobQueueSpec
 
 
-class DeleteJobQueue(Message):
+class DeleteJobQueue(Input):
     type: Literal["DeleteJobQueue"] = "DeleteJobQueue"
     name: Name
 
 
-class CreateQuotaShare(Message):
+class CreateQuotaShare(Input):
     type: Literal["CreateQuotaShare"] = "CreateQuotaShare"
     spec: QuotaShareSpec
 
 
-class UpdateQuotaShare(Message):
+class UpdateQuotaShare(Input):
     type: Literal["UpdateQuotaShare"] = "UpdateQuotaShare"
     spec: QuotaShareSpec
 
 
-class DeleteQuotaShare(Message):
+class DeleteQuotaShare(Input):
     type: Literal["DeleteQuotaShare"] = "DeleteQuotaShare"
     job_queue: Name
     name: Name
 
 
-class SubmitJob(Message):
+class SubmitJob(Input):
     type: Literal["SubmitJob"] = "SubmitJob"
     job: JobSpec
 
 
-class UpdateJobPriority(Message):
+class UpdateJobPriority(Input):
     type: Literal["UpdateJobPriority"] = "UpdateJobPriority"
     job_id: str
     priority: Priority
 
 
-class TerminateJob(Message):
+class TerminateJob(Input):
     type: Literal["TerminateJob"] = "TerminateJob"
     job_id: str
     reason: Annotated[str, Field(max_length=1024)] = "Terminated by user"
@@ -118,7 +126,7 @@ class NodeAttempt(Frozen):
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
 
 
-class TagJob(Message):
+class TagJob(Input):
     """TagResource or UntagResource on a job: its whole new tag map (the log keeps the job's tags)."""
 
     type: Literal["TagJob"] = "TagJob"
@@ -126,7 +134,7 @@ class TagJob(Message):
     tags: dict[str, str]
 
 
-class RegisterNode(Message):
+class RegisterNode(Input):
     type: Literal["RegisterNode"] = "RegisterNode"
     node_id: Annotated[str, Field(min_length=1, max_length=256)]
     pool: Name = "default"
@@ -136,31 +144,31 @@ class RegisterNode(Message):
     (docs/semantics.md, S5.7). ``None``: an agent (or a logged input) from before reconciliation."""
 
 
-class NodeHeartbeat(Message):
+class NodeHeartbeat(Input):
     type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
     node_id: str
     attempts: tuple[NodeAttempt, ...] | None = None
     """As in ``RegisterNode``: the scheduler reconciles the attempts the node has already reported."""
 
 
-class DrainNode(Message):
+class DrainNode(Input):
     type: Literal["DrainNode"] = "DrainNode"
     node_id: str
 
 
-class UndrainNode(Message):
+class UndrainNode(Input):
     """An operator puts a drained node back in service (``gpuquota nodes undrain``)."""
 
     type: Literal["UndrainNode"] = "UndrainNode"
     node_id: str
 
 
-class DeregisterNode(Message):
+class DeregisterNode(Input):
     type: Literal["DeregisterNode"] = "DeregisterNode"
     node_id: str
 
 
-class AttemptReport(Message):
+class AttemptReport(Input):
     """A node agent's report on one attempt; idempotent (keyed by attempt id and status)."""
 
     type: Literal["AttemptReport"] = "AttemptReport"
@@ -172,7 +180,7 @@ class AttemptReport(Message):
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
 
 
-class Tick(Message):
+class Tick(Input):
     """The passage of time: ``occurred_at`` is *now*. Fires timeouts, heartbeat expiry and time limits."""
 
     type: Literal["Tick"] = "Tick"

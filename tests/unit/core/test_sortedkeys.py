@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -11,11 +12,18 @@ from hypothesis import strategies as st
 from gpuquota.core import sortedkeys
 from gpuquota.core.sortedkeys import SortedKeys
 
-operations = st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=4000)
+
+@st.composite
+def operations(draw: st.DrawFn) -> list[tuple[bool, int]]:
+    """Up to 4,000 (add?, key) operations, enough to split chunks of ``LOAD`` keys many times. They are
+    drawn from a seed: 4,000 drawn tuples overflow Hypothesis's data buffer, which it then reports as a
+    flaky strategy."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    return [(rng.random() < 0.6, rng.randint(0, 3000)) for _ in range(draw(st.integers(0, 4000)))]
 
 
 @settings(max_examples=60, deadline=None)
-@given(operations, st.integers(0, 3000), st.integers(0, 40))
+@given(operations(), st.integers(0, 3000), st.integers(0, 40))
 def test_matches_a_sorted_list(ops: list[tuple[bool, int]], probe: int, start: int) -> None:
     keys, model = SortedKeys(), set[int]()
     for adding, key in ops:
