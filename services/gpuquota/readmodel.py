@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
+from gpuquota.core.hygiene import MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG
 from gpuquota.nodeview import NodeTable
 from gpuquota.observe.metrics import EventTally
 from gpuquota.wire import events as ev
@@ -39,6 +40,8 @@ from gpuquota.wire.base import (
 
 S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, QuotaShareSpec)
 
+HYGIENE_TAGS = (MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG)
+"""S10's opt-in tags, shown with each share by ``gpuquota shares``."""
 RECENT_PREEMPTIONS = 10
 """How many preempted attempts ``preemptionSummary.recentPreemptedAttempts`` keeps (newest first)."""
 HISTORY = 64
@@ -604,6 +607,7 @@ class ReadModel:
                     "runnable": len(self.runnable.get((queue_name, name), ())),
                     "state": spec.state.value,
                     "status": view.status,
+                    "hygiene": {t: v for t, v in spec.tags.items() if t in HYGIENE_TAGS},
                 }
             )
         return rows

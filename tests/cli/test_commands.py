@@ -138,6 +138,39 @@ def test_shares_table_and_json(stack: StackThread, cli: Cli) -> None:
     assert by_name["QS1"]["runnable"] == 1
     assert by_name["QS1"]["borrowLimit"] == 200 and by_name["QS2"]["borrowLimit"] is None
 
+    # S10's opt-in tags show with the share (here QS2: a minimum runtime, then a reborrow backoff)
+    arn = next(
+        r["quotaShareArn"]
+        for r in batch.list_quota_shares(jobQueue="jq")["quotaShares"]
+        if r["quotaShareName"] == "QS2"
+    )
+    batch.tag_resource(
+        resourceArn=arn,
+        tags={"gpuquota:minRuntimeSeconds": "60", "gpuquota:reborrowBackoffSeconds": "30"},
+    )
+    rows = lines(cli("shares").out)
+    assert rows[3] == [
+        "QS2",
+        "LEND",
+        "1",
+        "0",
+        "0",
+        "1",
+        "0",
+        "min",
+        "runtime",
+        "60s,",
+        "reborrow",
+        "backoff",
+        "30s",
+        "ENABLED",
+    ]
+    data = json.loads(cli("shares", "-o", "json").out)["quotaShares"]
+    assert {r["quotaShareName"]: r["hygiene"] for r in data}["QS2"] == {
+        "gpuquota:minRuntimeSeconds": "60",
+        "gpuquota:reborrowBackoffSeconds": "30",
+    }
+
 
 def test_explain_waiting_and_preempted_jobs(stack: StackThread, cli: Cli) -> None:
     jobs = play_worked_example(stack)

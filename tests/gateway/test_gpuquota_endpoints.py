@@ -55,6 +55,7 @@ def test_shares(stack: Stack) -> None:
         "runnable": 2,
         "state": "ENABLED",
         "status": "VALID",
+        "hygiene": {},
     }
     assert rows["QS2"]["usage"] == {"ml.g5.xlarge": 1} and rows["QS2"]["borrowLimit"] is None
     assert get(stack, "/gpuquota/v1/shares")[2] == body  # every queue

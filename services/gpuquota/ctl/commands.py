@@ -297,6 +297,17 @@ def shares_command(api: Api, args: argparse.Namespace, style: Style) -> int:
     return 0
 
 
+def _preemption_cell(row: dict[str, Any]) -> str:
+    """In-share preemption and S10's opt-in hygiene (minimum runtime, reborrow backoff), or ``-``."""
+    hygiene = row.get("hygiene") or {}
+    parts = ["in-share"] if row.get("inSharePreemption") == "ENABLED" else []
+    if (seconds := hygiene.get("gpuquota:minRuntimeSeconds")) is not None:
+        parts.append(f"min runtime {seconds}s")
+    if (seconds := hygiene.get("gpuquota:reborrowBackoffSeconds")) is not None:
+        parts.append(f"reborrow backoff {seconds}s")
+    return ", ".join(parts) or "-"
+
+
 def format_shares(rows: list[dict[str, Any]], style: Style, *, jobs: dict[str, str] | None = None) -> str:
     """The per-share table of one queue; ``jobs`` (share -> rendered jobs) adds a JOBS column (demo)."""
     unit = render.single_unit(rows)
@@ -322,7 +333,7 @@ def format_shares(rows: list[dict[str, Any]], style: Style, *, jobs: dict[str, s
             state = (
                 row["state"] if row.get("status", "VALID") == "VALID" else f"{row['state']} ({row['status']})"
             )
-            cells += ["in-share" if row.get("inSharePreemption") == "ENABLED" else "-", state]
+            cells += [_preemption_cell(row), state]
         else:
             cells.append(jobs.get(row["quotaShareName"], "-"))
         out.append(cells)
