@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent.container import ContainerEngine
 from tests.containers import build_trainer_image, find_engine, remove_job_containers
 from tests.gateway.conftest import StackThread, batch_client, wait_for
@@ -95,7 +96,9 @@ def test_boto3_sagemaker_job_succeeds_and_a_failure_file_is_the_reason(
     assert "SM_HP_EPOCHS=3" in (model / "env").read_text()
     assert "SM_CHANNEL_TRAINING=/opt/ml/input/data/training" in (model / "env").read_text()
     wait_for(lambda: status(stack.client, bad) == "FAILED", TIMEOUT)
-    assert stack.client.describe_service_job(jobId=bad)["statusReason"] == "Bad label in row 7"
+    assert stack.client.describe_service_job(jobId=bad)["statusReason"] == algorithm_error(
+        "Bad label in row 7"
+    )
 
 
 def test_reclaim_preempts_a_container_which_checkpoints_and_resumes(
