@@ -28,6 +28,10 @@ INSTANCE = textwrap.dedent(
     me = os.environ["SM_CURRENT_HOST"]
     (out / f"{me}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()}))
     if os.environ.get("FAIL_HOST") == me:
+        # fail only once every instance has started (and written its file), with a deadline
+        hosts, deadline = json.loads(os.environ["SM_HOSTS"]), time.monotonic() + 30
+        while not all((out / f"{h}.json").exists() for h in hosts) and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(7)
     time.sleep(float(os.environ.get("SLEEP", "0")))
     """
