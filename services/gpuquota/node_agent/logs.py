@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gpuquota.httpserver import HttpServer
 from gpuquota.node_agent.prepare import safe_name as _safe
 
 MAX_CHUNK = 256 * 1024
@@ -33,15 +34,13 @@ def read_log(path: Path, offset: int, limit: int = MAX_CHUNK) -> bytes | None:
         return None
 
 
-class LogServer:
+class LogServer(HttpServer):
     """Serves the attempt logs of one node's work directory over HTTP (read-only, no authentication:
     bind it to an address only the gateway reaches)."""
 
     def __init__(self, work_dir: Path, host: str = "0.0.0.0", port: int = 8643) -> None:
+        super().__init__(host, port)
         self.work_dir = Path(work_dir)
-        self.host = host
-        self.port = port
-        self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -49,16 +48,7 @@ class LogServer:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        if self.port == 0:
-            self.port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self.serve(self.app())
 
     async def _log(self, request: web.Request) -> web.Response:
         try:

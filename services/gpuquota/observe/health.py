@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gpuquota.httpserver import HttpServer
 from gpuquota.observe.metrics import CONTENT_TYPE, exposition
 
 if TYPE_CHECKING:
@@ -131,31 +132,20 @@ async def _ok(_: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
 
-class OpsServer:
+class OpsServer(HttpServer):
     """``/metrics``, ``/health``, ``/health/live`` and ``/health/ready`` on their own port."""
 
     def __init__(
         self, registry: CollectorRegistry, probes: Mapping[str, Probe], host: str, port: int
     ) -> None:
-        self.host = host
-        self.port = port
+        super().__init__(host, port)
         self.app = web.Application()
         add_routes(self.app.router, registry, probes)
         self.app.router.add_get("/health", _ok)
-        self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        if self.port == 0:
-            self.port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self.serve(self.app)
