@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 import os
 import shutil
 import signal
@@ -147,3 +148,17 @@ def database_url() -> Iterator[str]:
             yield str(pg.get_connection_url(driver=None))
     else:
         yield from _local("postgres.sh", "PG_RUN_DIR", "url", "PostgreSQL", "DATABASE_URL")
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs an entry point in-process (``gpuquota up``, the scheduler service) installs a
+    handler on the stderr pytest captured for it; left in place, a later test's log line would be
+    written to that closed stream ("I/O operation on closed file")."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)

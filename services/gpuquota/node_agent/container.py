@@ -240,8 +240,10 @@ class ContainerHandle:
         trace(f"container {self.name} gone")
 
     async def reap(self) -> None:
+        # The follower ends by itself once it has copied the exited container's last lines; removing
+        # the container first could delete its log before the follower read them.
+        await self._stop_following(10)
         await self.engine.remove(self.name)
-        await self._stop_following(10)  # it ends with the container, after copying the last lines
 
     async def _stop_following(self, patience: float) -> None:
         follower = self._follower
