@@ -159,10 +159,11 @@ def test_process_runtime_leaves_no_job_process_behind(tmp_path: Path) -> None:
             serviceRequestPayload=json.dumps(request),
         )["jobId"]
         stack.wait_for_status(job_id, "RUNNING")
-        (pid_file,) = tmp_path.rglob("pid")
-        deadline = time.monotonic() + 10
-        while not pid_file.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)  # the job writes its pid right after it starts
-        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 30  # RUNNING comes before the job's interpreter wrote its pid
+        while not (pids := [p.read_text() for p in tmp_path.rglob("pid")]) or not pids[0]:
+            assert time.monotonic() < deadline, "the job never wrote its pid"
+            time.sleep(0.05)
+        (pid_text,) = pids
+        pid = int(pid_text)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
