@@ -190,6 +190,13 @@ def paginate(items: Sequence[T], params: Params) -> tuple[list[T], str | None]:
     return page, next_token
 
 
+def with_token(out: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """``out`` with ``nextToken`` when there is a next page."""
+    if token:
+        out["nextToken"] = token
+    return out
+
+
 def _token_offset(token: str) -> int:
     """The offset a ``nextToken`` of ours holds; anything else (forged, corrupt, out of range:
     ``{"offset": 1e999}``, deep nesting) is the caller's error, never ours."""

@@ -1,0 +1,104 @@
+"""Service environments: Create, Update, Describe and Delete.
+
+A service environment draws on the pool named by its ``gpuquota:pool`` tag (semantics S1); a gateway
+serves one pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuquota.gateway.context import Context, Operation
+from gpuquota.gateway.errors import ClientException
+from gpuquota.gateway.params import Params, paginate, with_token
+from gpuquota.gateway.render import describe_environment
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import CapacityLimit, ServiceEnvironmentSpec, State
+
+POOL_TAG = "gpuquota:pool"
+STATES = ("ENABLED", "DISABLED")
+
+
+def state_or(value: str | None, default: State) -> State:
+    return default if value is None else State(value)
+
+
+def pool_of(gw: Context, tags: dict[str, str]) -> str:
+    """S1: a service environment draws on the pool named by its ``gpuquota:pool`` tag."""
+    pool = tags.get(POOL_TAG, gw.pool)
+    if pool != gw.pool:
+        raise ClientException(
+            f"This gateway serves pool {gw.pool}; tag {POOL_TAG}={pool} needs a gateway of that pool"
+        )
+    return pool
+
+
+def _capacity_limits(p: Params, key: str, *, required: bool) -> tuple[CapacityLimit, ...] | None:
+    items = p.objs(key, required=required, max_items=100)
+    if items is None:
+        return None
+    if not items:
+        raise ClientException(f"{key} must have at least one entry")
+    limits = [
+        CapacityLimit(unit=i.req_unit(), max_capacity=i.req_integer("maxCapacity", low=0)) for i in items
+    ]
+    units = [c.unit for c in limits]
+    if len(set(units)) != len(units):
+        raise ClientException(f"{key} lists a capacityUnit more than once")
+    return tuple(limits)
+
+
+def _answer(gw: Context, name: str) -> dict[str, Any]:
+    return {"serviceEnvironmentName": name, "serviceEnvironmentArn": gw.arns.environment(name)}
+
+
+async def create(gw: Context, p: Params) -> dict[str, Any]:
+    name = p.req_name("serviceEnvironmentName")
+    p.enum("serviceEnvironmentType", ("SAGEMAKER_TRAINING",), required=True)
+    state = state_or(p.enum("state", STATES), State.ENABLED)
+    limits = _capacity_limits(p, "capacityLimits", required=True) or ()
+    tags = p.tags() or {}
+    spec = ServiceEnvironmentSpec(
+        name=name, state=state, capacity_limits=limits, pool=pool_of(gw, tags), tags=tags
+    )
+    if name in gw.rm.environments:
+        raise ClientException("Object already exists")
+    message = gw.make(inp.CreateServiceEnvironment, spec=spec)
+    await gw.write_resource(gw.rm.environments, name, spec, "CREATING", message)
+    return _answer(gw, name)
+
+
+async def update(gw: Context, p: Params) -> dict[str, Any]:
+    view = gw.environment(p.req_string("serviceEnvironment"))
+    changes: dict[str, Any] = {}
+    if (state := p.enum("state", STATES)) is not None:
+        changes["state"] = State(state)
+    if (limits := _capacity_limits(p, "capacityLimits", required=False)) is not None:
+        changes["capacity_limits"] = limits
+    spec = view.spec.model_copy(update=changes)
+    message = gw.make(inp.UpdateServiceEnvironment, spec=spec)
+    await gw.write_resource(gw.rm.environments, spec.name, spec, "UPDATING", message)
+    return _answer(gw, spec.name)
+
+
+async def describe(gw: Context, p: Params) -> dict[str, Any]:
+    refs = p.strs("serviceEnvironments", max_items=100)
+    names = gw.known(refs, gw.rm.environments, "service-environment", "service environment")
+    page, token = paginate(names, p)
+    found = [describe_environment(gw.arns, gw.rm.environments[n]) for n in page]
+    return with_token({"serviceEnvironments": found}, token)
+
+
+async def delete(gw: Context, p: Params) -> dict[str, Any]:
+    view = gw.environment(p.req_string("serviceEnvironment"))
+    message = gw.make(inp.DeleteServiceEnvironment, name=view.spec.name)
+    await gw.write_resource(gw.rm.environments, view.spec.name, view.spec, "DELETING", message)
+    return {}
+
+
+OPERATIONS = (
+    Operation("CreateServiceEnvironment", create),
+    Operation("UpdateServiceEnvironment", update),
+    Operation("DescribeServiceEnvironments", describe),
+    Operation("DeleteServiceEnvironment", delete),
+)

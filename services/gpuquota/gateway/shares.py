@@ -1,0 +1,137 @@
+"""Quota shares: Create, Update, Describe, List and Delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuquota.gateway.context import Context, Operation
+from gpuquota.gateway.environments import STATES, state_or
+from gpuquota.gateway.errors import ClientException
+from gpuquota.gateway.params import Params, paginate, with_token
+from gpuquota.gateway.render import describe_share
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import CapacityLimit, QuotaShareSpec, State, Strategy
+
+MAX_SHARES_PER_QUEUE = 20
+
+
+def _limits(p: Params, required: bool) -> tuple[CapacityLimit, ...] | None:
+    items = p.objs("capacityLimits", required=required)
+    if items is None:
+        return None
+    if not 1 <= len(items) <= 5:
+        raise ClientException("A quota share must have between 1 and 5 capacity limits")
+    limits = tuple(
+        CapacityLimit(unit=item.req_unit(), max_capacity=item.req_integer("maxCapacity", low=1))
+        for item in items
+    )
+    units = [c.unit for c in limits]
+    if len(set(units)) != len(units):
+        raise ClientException("capacityLimits lists a capacityUnit more than once")
+    return limits
+
+
+def _sharing(p: Params, required: bool) -> tuple[Strategy, int | None] | None:
+    sharing = p.obj("resourceSharingConfiguration", required=required)
+    if sharing is None:
+        return None
+    strategy = Strategy(sharing.req_enum("strategy", tuple(s.value for s in Strategy)))
+    borrow = sharing.integer("borrowLimit", low=-1)
+    if borrow is not None and borrow != -1 and strategy is not Strategy.LEND_AND_BORROW:
+        raise ClientException(
+            "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
+        )
+    return strategy, borrow
+
+
+def _in_share(p: Params, required: bool) -> bool | None:
+    config = p.obj("preemptionConfiguration", required=required)
+    if config is None:
+        return None
+    return config.enum("inSharePreemption", STATES, required=True) == "ENABLED"
+
+
+def _answer(gw: Context, queue: str, name: str) -> dict[str, Any]:
+    return {"quotaShareName": name, "quotaShareArn": gw.arns.share(queue, name)}
+
+
+async def create(gw: Context, p: Params) -> dict[str, Any]:
+    name = p.req_name("quotaShareName")
+    queue = gw.queue(p.req_string("jobQueue"))
+    limits = _limits(p, required=True)
+    sharing = _sharing(p, required=True)
+    in_share = _in_share(p, required=True)
+    state = state_or(p.enum("state", STATES), State.ENABLED)
+    tags = p.tags() or {}
+    assert limits is not None and sharing is not None and in_share is not None
+    queue_name = queue.spec.name
+    if queue.status != "VALID":
+        raise ClientException(
+            f"Job queue {queue_name} is {queue.status}: quota shares need a VALID job queue"
+        )
+    if (queue_name, name) in gw.rm.shares:
+        raise ClientException(f"Quota share {name} already exists in job queue {queue_name}")
+    if sum(1 for q, _ in gw.rm.shares if q == queue_name) >= MAX_SHARES_PER_QUEUE:
+        raise ClientException(f"Job queue {queue_name} already has {MAX_SHARES_PER_QUEUE} quota shares")
+    strategy, borrow = sharing
+    spec = QuotaShareSpec(
+        name=name,
+        job_queue=queue_name,
+        capacity_limits=limits,
+        strategy=strategy,
+        borrow_limit=-1 if borrow is None else borrow,
+        in_share_preemption=in_share,
+        state=state,
+        tags=tags,
+    )
+    message = gw.make(inp.CreateQuotaShare, spec=spec)
+    await gw.write_resource(gw.rm.shares, (queue_name, name), spec, "CREATING", message)
+    return _answer(gw, queue_name, name)
+
+
+async def update(gw: Context, p: Params) -> dict[str, Any]:
+    view = gw.share(p.req_string("quotaShareArn"))
+    changes: dict[str, Any] = {}
+    if (limits := _limits(p, required=False)) is not None:
+        changes["capacity_limits"] = limits
+    if (sharing := _sharing(p, required=False)) is not None:
+        changes["strategy"], borrow = sharing
+        changes["borrow_limit"] = -1 if borrow is None else borrow
+    if (in_share := _in_share(p, required=False)) is not None:
+        changes["in_share_preemption"] = in_share
+    if (state := p.enum("state", STATES)) is not None:
+        changes["state"] = State(state)
+    spec = view.spec.model_copy(update=changes)
+    if view.status == "DELETING":
+        raise ClientException(f"Quota share {spec.name} is being deleted")
+    message = gw.make(inp.UpdateQuotaShare, spec=spec)
+    await gw.write_resource(gw.rm.shares, (spec.job_queue, spec.name), spec, "UPDATING", message)
+    return _answer(gw, spec.job_queue, spec.name)
+
+
+async def describe(gw: Context, p: Params) -> dict[str, Any]:
+    return describe_share(gw.arns, gw.share(p.req_string("quotaShareArn")))
+
+
+async def list_all(gw: Context, p: Params) -> dict[str, Any]:
+    queue = gw.queue(p.req_string("jobQueue")).spec.name
+    keys = sorted(k for k in gw.rm.shares if k[0] == queue)
+    page, token = paginate(keys, p)
+    found = [describe_share(gw.arns, gw.rm.shares[k], with_tags=False) for k in page]
+    return with_token({"quotaShares": found}, token)
+
+
+async def delete(gw: Context, p: Params) -> dict[str, Any]:
+    spec = gw.share(p.req_string("quotaShareArn")).spec
+    message = gw.make(inp.DeleteQuotaShare, job_queue=spec.job_queue, name=spec.name)
+    await gw.write_resource(gw.rm.shares, (spec.job_queue, spec.name), spec, "DELETING", message)
+    return {}
+
+
+OPERATIONS = (
+    Operation("CreateQuotaShare", create),
+    Operation("UpdateQuotaShare", update),
+    Operation("DescribeQuotaShare", describe),
+    Operation("ListQuotaShares", list_all),
+    Operation("DeleteQuotaShare", delete),
+)
