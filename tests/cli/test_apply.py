@@ -133,7 +133,8 @@ def test_apply_shares_into_an_existing_queue(stack: StackThread, cli: Cli, tmp_p
         (
             "quotaShares:\n  - {name: A, jobQueue: q, capacityLimits: {g: 1}, strategy: LEND,\n"
             "     borrowLimit: 5}\n",
-            "quotaShares[0]: borrowLimit only applies to strategy LEND_AND_BORROW",
+            "quotaShares[0]: borrowLimit can only be applied to quota shares with a strategy of "
+            "LEND_AND_BORROW",
         ),
         (
             "quotaShares:\n  - {name: A, jobQueue: q, capacityLimits: {g: 1}, strategy: BORROW}\n",

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuquota.ctl.api import Api, CliError, poll
+from gpuquota.wire.base import CapacityLimit, QueuePriority, QuotaShareSpec
 
 State = Literal["ENABLED", "DISABLED"]
 READY_TIMEOUT = 15.0
@@ -68,7 +69,7 @@ class EnvironmentDoc(_Doc):
 
 class QueueDoc(_Doc):
     name: str = Field(min_length=1, max_length=128)
-    priority: int = Field(default=1, ge=0, le=1000)
+    priority: QueuePriority = 1
     state: State = "ENABLED"
     schedulingPolicy: str | None = None
     serviceEnvironment: str | None = None
@@ -97,11 +98,24 @@ class ShareDoc(_Doc):
 
     _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
 
-    @model_validator(mode="after")
-    def _borrow(self) -> ShareDoc:
-        if self.borrowLimit is not None and self.borrowLimit != -1 and self.strategy != "LEND_AND_BORROW":
-            raise ValueError("borrowLimit only applies to strategy LEND_AND_BORROW")
-        return self
+    def spec(self, queue: str) -> QuotaShareSpec:
+        """The wire spec this document asks for (its validation is the quota share's rules)."""
+        return QuotaShareSpec(
+            name=self.name,
+            job_queue=queue,
+            capacity_limits=tuple(
+                CapacityLimit(unit=u, max_capacity=n) for u, n in self.capacityLimits.items()
+            ),
+            strategy=self.strategy,
+            borrow_limit=-1 if self.borrowLimit is None else self.borrowLimit,
+            in_share_preemption=self.inSharePreemption == "ENABLED",
+            state=self.state,
+            tags=self.tags or {},
+        )
+
+
+def _capacity(limits: dict[str, int]) -> tuple[CapacityLimit, ...]:
+    return tuple(CapacityLimit(unit=unit, max_capacity=count) for unit, count in limits.items())
 
 
 class ApplyDoc(_Doc):
@@ -129,6 +143,10 @@ class ApplyDoc(_Doc):
             if (queue, share.name) in seen:
                 raise ValueError(f"quotaShares[{i}]: quota share {share.name} is listed twice")
             seen.add((queue, share.name))
+            try:
+                share.spec(queue)
+            except ValidationError as exc:
+                raise ValueError(f"quotaShares[{i}]: {exc.errors()[0]['msg']}") from None
         return self
 
     def policy_of(self, queue: QueueDoc) -> str:

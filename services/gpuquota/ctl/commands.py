@@ -240,8 +240,6 @@ def format_job(job: dict[str, Any], style: Style) -> str:
 
 
 def _jobs_update_priority(api: Api, args: argparse.Namespace, style: Style) -> int:
-    if not 0 <= args.priority <= 9999:
-        raise CliError("PRIORITY must be between 0 and 9999")
     before = api.call("describe_service_job", jobId=args.job)
     out = api.call("update_service_job", jobId=args.job, schedulingPriority=args.priority)
     if args.output == "json":

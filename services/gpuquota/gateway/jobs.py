@@ -19,7 +19,7 @@ from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_job, job_summary
 from gpuquota.readmodel import JobView
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import ExitRule, JobSpec, JobStatus, State
+from gpuquota.wire.base import ExitRule, JobSpec, JobStatus
 
 MAX_PAYLOAD_BYTES = 10 * 1024
 MAX_SUBMIT_BYTES = 30 * 1024
@@ -77,14 +77,7 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
         raise ClientException(
             "quotaShareName must be specified for a job queue that has a quota share scheduling policy"
         )
-    if queue.spec.state is not State.ENABLED:
-        raise ClientException(f"Job queue {queue_name} is DISABLED")
-    share = gw.rm.shares.get((queue_name, share_name))
-    if share is None or share.status == "DELETING":
-        raise ClientException(f"Quota share {share_name} does not exist in job queue {queue_name}")
-    if share.spec.state is not State.ENABLED:
-        raise ClientException(f"Quota share {share_name} is DISABLED")
-    priority = p.integer("schedulingPriority", low=0, high=9999) or 0
+    priority = p.ranged("schedulingPriority", JobSpec, "priority") or 0
     attempts, rules = _retry(p)
     preemption = p.obj("preemptionConfiguration")
     retries = None if preemption is None else preemption.integer("preemptionRetriesBeforeTermination", low=0)
@@ -146,7 +139,8 @@ def job_ref(gw: Context, job: JobView) -> dict[str, Any]:
 
 async def update(gw: Context, p: Params) -> dict[str, Any]:
     job = gw.job(p.req_string("jobId"))
-    priority = p.req_integer("schedulingPriority", low=0, high=9999)
+    priority = p.ranged("schedulingPriority", JobSpec, "priority", required=True)
+    assert priority is not None
     if job.terminal:
         raise ClientException(f"Service job {job.spec.job_id} is {job.status.value}: it cannot be updated")
     await gw.send(gw.make(inp.UpdateJobPriority, job_id=job.spec.job_id, priority=priority))

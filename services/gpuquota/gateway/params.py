@@ -9,6 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from gpuquota.gateway.errors import ClientException
 
 T = TypeVar("T")
@@ -85,6 +87,13 @@ class Params:
             )
             raise ClientException(f"{self._path(key)} must be {bounds}, got {value}")
         return int(value)
+
+    def ranged(self, key: str, model: type[BaseModel], field: str, required: bool = False) -> int | None:
+        """An integer within the range the wire model ``model`` gives its ``field`` (its one home)."""
+        low = high = None
+        for bound in model.model_fields[field].metadata:
+            low, high = getattr(bound, "ge", low), getattr(bound, "le", high)
+        return self.integer(key, required, low=low, high=high)
 
     def req_integer(self, key: str, low: int | None = None, high: int | None = None) -> int:
         value = self.integer(key, required=True, low=low, high=high)

@@ -57,7 +57,8 @@ def _answer(gw: Context, name: str) -> dict[str, Any]:
 async def create(gw: Context, p: Params) -> dict[str, Any]:
     name = p.req_name("jobQueueName")
     state = state_or(p.enum("state", STATES), State.ENABLED)
-    priority = p.req_integer("priority", low=0, high=1000)
+    priority = p.ranged("priority", JobQueueSpec, "priority", required=True)
+    assert priority is not None
     p.enum("jobQueueType", ("SAGEMAKER_TRAINING",))
     policy_ref = p.string("schedulingPolicyArn")
     if policy_ref is None:
@@ -86,7 +87,7 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if (state := p.enum("state", STATES)) is not None:
         changes["state"] = State(state)
-    if (priority := p.integer("priority", low=0, high=1000)) is not None:
+    if (priority := p.ranged("priority", JobQueueSpec, "priority")) is not None:
         changes["priority"] = priority
     if (policy_ref := p.string("schedulingPolicyArn")) is not None:
         changes["scheduling_policy"] = gw.policy(policy_ref).spec.name

@@ -12,8 +12,6 @@ from gpuquota.gateway.render import describe_share
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import CapacityLimit, QuotaShareSpec, State, Strategy
 
-MAX_SHARES_PER_QUEUE = 20
-
 
 def _limits(p: Params, required: bool) -> tuple[CapacityLimit, ...] | None:
     items = p.objs("capacityLimits", required=required)
@@ -36,12 +34,7 @@ def _sharing(p: Params, required: bool) -> tuple[Strategy, int | None] | None:
     if sharing is None:
         return None
     strategy = Strategy(sharing.req_enum("strategy", tuple(s.value for s in Strategy)))
-    borrow = sharing.integer("borrowLimit", low=-1)
-    if borrow is not None and borrow != -1 and strategy is not Strategy.LEND_AND_BORROW:
-        raise ClientException(
-            "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
-        )
-    return strategy, borrow
+    return strategy, sharing.integer("borrowLimit", low=-1)
 
 
 def _in_share(p: Params, required: bool) -> bool | None:
@@ -71,10 +64,9 @@ async def create(gw: Context, p: Params) -> dict[str, Any]:
         )
     if (queue_name, name) in gw.rm.shares:
         raise ClientException(f"Quota share {name} already exists in job queue {queue_name}")
-    if sum(1 for q, _ in gw.rm.shares if q == queue_name) >= MAX_SHARES_PER_QUEUE:
-        raise ClientException(f"Job queue {queue_name} already has {MAX_SHARES_PER_QUEUE} quota shares")
     strategy, borrow = sharing
-    spec = QuotaShareSpec(
+    spec = gw.build(
+        QuotaShareSpec,
         name=name,
         job_queue=queue_name,
         capacity_limits=limits,
@@ -101,7 +93,7 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
         changes["in_share_preemption"] = in_share
     if (state := p.enum("state", STATES)) is not None:
         changes["state"] = State(state)
-    spec = view.spec.model_copy(update=changes)
+    spec = gw.build(QuotaShareSpec, **{**view.spec.model_dump(), **changes})
     if view.status == "DELETING":
         raise ClientException(f"Quota share {spec.name} is being deleted")
     message = gw.make(inp.UpdateQuotaShare, spec=spec)

@@ -11,10 +11,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
 Priority = Annotated[int, Field(ge=0, le=9999)]
+"""A job's ``schedulingPriority`` (higher runs first)."""
+QueuePriority = Annotated[int, Field(ge=0, le=1000)]
+"""A job queue's ``priority``."""
 EpochMs = Annotated[int, Field(ge=0)]
 
 
@@ -108,11 +112,14 @@ class TimeLimitAction(Frozen):
 class JobQueueSpec(Frozen):
     name: Name
     state: State = State.ENABLED
-    priority: Annotated[int, Field(ge=0, le=1000)] = 1
+    priority: QueuePriority = 1
     service_environment: Name
     scheduling_policy: Name
     time_limit_actions: tuple[TimeLimitAction, ...] = ()
     tags: dict[str, str] = Field(default_factory=dict)
+
+
+BORROW_LIMIT_RULE = "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
 
 
 class QuotaShareSpec(Frozen):
@@ -124,6 +131,12 @@ class QuotaShareSpec(Frozen):
     in_share_preemption: bool = False
     state: State = State.ENABLED
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _borrow_limit_needs_lend_and_borrow(self) -> QuotaShareSpec:
+        if self.borrow_limit != -1 and self.strategy is not Strategy.LEND_AND_BORROW:
+            raise PydanticCustomError("borrow_limit", BORROW_LIMIT_RULE)
+        return self
 
     def limit(self, unit: str) -> int | None:
         for cap in self.capacity_limits:
