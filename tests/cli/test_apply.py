@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpuquota.ctl.apply import parse
-from gpuquota.ctl.demo import WORKED_EXAMPLE
+from gpuquota.ctl.demo_scenario import WORKED_EXAMPLE
 from tests.cli.conftest import Cli
 from tests.gateway.conftest import StackThread
 
