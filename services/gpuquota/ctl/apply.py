@@ -40,6 +40,18 @@ def _on_off(value: Any) -> Any:
     return value
 
 
+def _at_least(minimum: int) -> Callable[[dict[str, int]], dict[str, int]]:
+    """A validator of ``capacityLimits`` ({unit: maxCapacity}): every count at least ``minimum``."""
+
+    def check(limits: dict[str, int]) -> dict[str, int]:
+        for unit, count in limits.items():
+            if count < minimum:
+                raise ValueError(f"{unit}: maxCapacity must be >= {minimum}")
+        return limits
+
+    return check
+
+
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -56,13 +68,7 @@ class EnvironmentDoc(_Doc):
     capacityLimits: dict[str, int] = Field(min_length=1)
     tags: dict[str, str] | None = None
 
-    @field_validator("capacityLimits")
-    @classmethod
-    def _limits(cls, value: dict[str, int]) -> dict[str, int]:
-        for unit, count in value.items():
-            if count < 0:
-                raise ValueError(f"{unit}: maxCapacity must be >= 0")
-        return value
+    _limits = field_validator("capacityLimits")(_at_least(0))
 
     _state = field_validator("state", mode="before")(_on_off)
 
@@ -88,13 +94,7 @@ class ShareDoc(_Doc):
     state: State = "ENABLED"
     tags: dict[str, str] | None = None
 
-    @field_validator("capacityLimits")
-    @classmethod
-    def _limits(cls, value: dict[str, int]) -> dict[str, int]:
-        for unit, count in value.items():
-            if count < 1:
-                raise ValueError(f"{unit}: maxCapacity must be >= 1")
-        return value
+    _limits = field_validator("capacityLimits")(_at_least(1))
 
     _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
 
@@ -341,10 +341,15 @@ class Applier:
         details = self._tags(current["arn"], current.get("tags", {}), doc.tags)
         self._record("scheduling policy", doc.name, details)
 
-    def _describe_environment(self, name: str) -> dict[str, Any] | None:
-        found = self.api.call("describe_service_environments", serviceEnvironments=[name])
-        items = found["serviceEnvironments"]
+    def _describe_one(self, operation: str, listed: str, **query: Any) -> dict[str, Any] | None:
+        """The first item ``operation`` lists under ``listed`` (``None`` if it lists none)."""
+        items = self.api.call(operation, **query)[listed]
         return dict(items[0]) if items else None
+
+    def _describe_environment(self, name: str) -> dict[str, Any] | None:
+        return self._describe_one(
+            "describe_service_environments", "serviceEnvironments", serviceEnvironments=[name]
+        )
 
     def environment(self, doc: EnvironmentDoc) -> None:
         current = self._describe_environment(doc.name)
@@ -381,8 +386,7 @@ class Applier:
         self._record("service environment", doc.name, details)
 
     def _describe_queue(self, name: str) -> dict[str, Any] | None:
-        items = self.api.call("describe_job_queues", jobQueues=[name])["jobQueues"]
-        return dict(items[0]) if items else None
+        return self._describe_one("describe_job_queues", "jobQueues", jobQueues=[name])
 
     def queue(self, doc: QueueDoc, policy: str, environment: str) -> None:
         current = self._describe_queue(doc.name)

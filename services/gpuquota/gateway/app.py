@@ -5,7 +5,7 @@ Theory of operation
 Every operation is ``POST /v1/<operation in lower case>`` with a JSON body (tags: ``/v1/tags/{arn}``
 with POST, GET and DELETE), exactly as botocore's ``batch`` model sends them. The operations live one
 module per resource family (``policies``, ``environments``, ``queues``, ``shares``, ``jobs``, ``tags``);
-each lists its ``Operation`` rows (name, handler, access check) and this module assembles them. A
+the table ``OPERATIONS`` names, per operation, its handler, its access check and its body limit. A
 handler validates the body against AWS's rules, reads from the ``ReadModel`` and turns writes into
 scheduler inputs sent through the ``CommandPort`` (``gpuquota.gateway.context``). AWS updates are
 partial; the handler merges them with the current spec from the read model, so the scheduler always
@@ -44,11 +44,31 @@ from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import Clock, wall_clock_ms
 
 OPERATIONS: tuple[Operation, ...] = (
-    *policies.OPERATIONS,
-    *environments.OPERATIONS,
-    *queues.OPERATIONS,
-    *shares.OPERATIONS,
-    *jobs.OPERATIONS,
+    Operation("CreateSchedulingPolicy", policies.create),
+    Operation("UpdateSchedulingPolicy", policies.update),
+    Operation("DescribeSchedulingPolicies", policies.describe),
+    Operation("ListSchedulingPolicies", policies.list_all),
+    Operation("DeleteSchedulingPolicy", policies.delete),
+    Operation("CreateServiceEnvironment", environments.create),
+    Operation("UpdateServiceEnvironment", environments.update),
+    Operation("DescribeServiceEnvironments", environments.describe),
+    Operation("DeleteServiceEnvironment", environments.delete),
+    Operation("CreateJobQueue", queues.create),
+    Operation("UpdateJobQueue", queues.update),
+    Operation("DescribeJobQueues", queues.describe),
+    Operation("DeleteJobQueue", queues.delete),
+    Operation("GetJobQueueSnapshot", queues.get_snapshot),
+    Operation("CreateQuotaShare", shares.create),
+    Operation("UpdateQuotaShare", shares.update),
+    Operation("DescribeQuotaShare", shares.describe),
+    Operation("ListQuotaShares", shares.list_all),
+    Operation("DeleteQuotaShare", shares.delete),
+    Operation("SubmitServiceJob", jobs.submit, guard=jobs.guard_submit, max_bytes=jobs.MAX_SUBMIT_BYTES),
+    Operation("UpdateServiceJob", jobs.update, guard=jobs.guard_job),
+    Operation("DescribeServiceJob", jobs.describe, guard=jobs.guard_job),
+    Operation("ListServiceJobs", jobs.list_all, scoped=jobs.list_visible),
+    Operation("TerminateServiceJob", jobs.terminate, guard=jobs.guard_job),
+    Operation("TerminateServiceJobs", jobs.terminate_many, guard=jobs.guard_jobs),
 )
 """The AWS Batch operations the gateway serves (interface I2)."""
 MAX_BODY_BYTES = 1024 * 1024

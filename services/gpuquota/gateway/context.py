@@ -22,6 +22,7 @@ from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort, CommandRejected
 from gpuquota.readmodel import JobView, ReadModel, ResourceView
 from gpuquota.scheduler.shell import Clock
+from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
     JobQueueSpec,
     Message,
@@ -33,17 +34,21 @@ from gpuquota.wire.inputs import SchedulerInput
 
 M = TypeVar("M", bound=Message)
 B = TypeVar("B", bound=BaseModel)
+CreateInput = inp.CreateSchedulingPolicy | inp.CreateServiceEnvironment | inp.CreateJobQueue
+UpdateInput = (
+    inp.UpdateSchedulingPolicy | inp.UpdateServiceEnvironment | inp.UpdateJobQueue | inp.UpdateQuotaShare
+)
 S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, QuotaShareSpec)
 
 
+@dataclass
 class Context:
     """The read model, command port, clock and pool that the operations share."""
 
-    def __init__(self, read_model: ReadModel, port: CommandPort, clock: Clock, pool: str) -> None:
-        self.rm = read_model
-        self.port = port
-        self.clock = clock
-        self.pool = pool
+    rm: ReadModel
+    port: CommandPort
+    clock: Clock
+    pool: str
 
     @property
     def arns(self) -> ArnFactory:
@@ -81,6 +86,20 @@ class Context:
             raise
 
     # ----- lookups -------------------------------------------------------------------------------
+
+    async def create(self, table: dict[str, ResourceView[S]], spec: S, kind: type[CreateInput]) -> None:
+        """Create the resource ``spec`` names, unless ``table`` already has it."""
+        if spec.name in table:
+            raise ClientException("Object already exists")
+        message: CreateInput = kind(event_id=uuid4(), occurred_at=self.clock(), spec=spec)
+        await self.write_resource(table, spec.name, spec, "CREATING", message)
+
+    async def update(
+        self, table: dict[Any, ResourceView[S]], key: Any, spec: S, kind: type[UpdateInput]
+    ) -> None:
+        """Replace the resource at ``key`` by the whole new ``spec``."""
+        message: UpdateInput = kind(event_id=uuid4(), occurred_at=self.clock(), spec=spec)
+        await self.write_resource(table, key, spec, "UPDATING", message)
 
     def ref(self, ref: str, kind: str, what: str) -> tuple[str, ...]:
         """The names in a resource reference: a plain name, or an ARN of ``kind``."""
@@ -148,6 +167,7 @@ class Operation:
     name: str
     handler: Handler
     guard: Guard | None = None
+    """Checks a share-limited principal beyond ``Principal.may`` (``None``: nothing more to check)."""
     scoped: Scoped | None = None
     """What a share-limited principal gets instead of ``handler`` (the jobs of its shares only)."""
     max_bytes: int | None = None

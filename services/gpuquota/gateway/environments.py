@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuquota.gateway.context import Context, Operation
+from gpuquota.gateway.context import Context
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_environment
@@ -19,8 +19,10 @@ POOL_TAG = "gpuquota:pool"
 STATES = ("ENABLED", "DISABLED")
 
 
-def state_or(value: str | None, default: State) -> State:
-    return default if value is None else State(value)
+def state_change(p: Params) -> dict[str, Any]:
+    """``{"state": ...}`` when the request sets a resource's state (ENABLED or DISABLED), else nothing."""
+    value = p.enum("state", STATES)
+    return {} if value is None else {"state": State(value)}
 
 
 def pool_of(gw: Context, tags: dict[str, str]) -> str:
@@ -55,29 +57,23 @@ def _answer(gw: Context, name: str) -> dict[str, Any]:
 async def create(gw: Context, p: Params) -> dict[str, Any]:
     name = p.req_name("serviceEnvironmentName")
     p.enum("serviceEnvironmentType", ("SAGEMAKER_TRAINING",), required=True)
-    state = state_or(p.enum("state", STATES), State.ENABLED)
+    state = state_change(p).get("state", State.ENABLED)
     limits = _capacity_limits(p, "capacityLimits", required=True) or ()
     tags = p.tags() or {}
     spec = ServiceEnvironmentSpec(
         name=name, state=state, capacity_limits=limits, pool=pool_of(gw, tags), tags=tags
     )
-    if name in gw.rm.environments:
-        raise ClientException("Object already exists")
-    message = gw.make(inp.CreateServiceEnvironment, spec=spec)
-    await gw.write_resource(gw.rm.environments, name, spec, "CREATING", message)
+    await gw.create(gw.rm.environments, spec, inp.CreateServiceEnvironment)
     return _answer(gw, name)
 
 
 async def update(gw: Context, p: Params) -> dict[str, Any]:
     view = gw.environment(p.req_string("serviceEnvironment"))
-    changes: dict[str, Any] = {}
-    if (state := p.enum("state", STATES)) is not None:
-        changes["state"] = State(state)
+    changes = state_change(p)
     if (limits := _capacity_limits(p, "capacityLimits", required=False)) is not None:
         changes["capacity_limits"] = limits
     spec = view.spec.model_copy(update=changes)
-    message = gw.make(inp.UpdateServiceEnvironment, spec=spec)
-    await gw.write_resource(gw.rm.environments, spec.name, spec, "UPDATING", message)
+    await gw.update(gw.rm.environments, spec.name, spec, inp.UpdateServiceEnvironment)
     return _answer(gw, spec.name)
 
 
@@ -94,11 +90,3 @@ async def delete(gw: Context, p: Params) -> dict[str, Any]:
     message = gw.make(inp.DeleteServiceEnvironment, name=view.spec.name)
     await gw.write_resource(gw.rm.environments, view.spec.name, view.spec, "DELETING", message)
     return {}
-
-
-OPERATIONS = (
-    Operation("CreateServiceEnvironment", create),
-    Operation("UpdateServiceEnvironment", update),
-    Operation("DescribeServiceEnvironments", describe),
-    Operation("DeleteServiceEnvironment", delete),
-)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuquota.core.explain import Explanation
 from gpuquota.gateway.context import Context
-from gpuquota.gateway.render import camel
+from gpuquota.gateway.render import camel, job_brief
 from gpuquota.sharetable import share_table
 
 Explainer = Callable[[str], Explanation | None]
@@ -29,13 +29,7 @@ def explain(gw: Context, explainer: Explainer | None, ref: str) -> dict[str, Any
     job = gw.job(ref)
     spec = job.spec
     out: dict[str, Any] = {
-        "jobId": spec.job_id,
-        "jobName": spec.job_name,
-        "jobQueue": spec.job_queue,
-        "quotaShareName": spec.quota_share,
-        "status": job.status.value,
-        "statusReason": job.status_reason,
-        "schedulingPriority": job.priority,
+        **job_brief(job),
         "demand": {"capacityUnit": spec.unit, "quantity": spec.count},
         "preemptedAttemptCount": job.preempted_count,
         "explanation": None,

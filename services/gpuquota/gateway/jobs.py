@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.auth import Principal
-from gpuquota.gateway.context import Context, Operation
+from gpuquota.gateway.context import Context
 from gpuquota.gateway.edge import parse_json, uuid4
 from gpuquota.gateway.errors import ApiError, ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
@@ -233,27 +233,17 @@ def _matches(job: JobView, name: str, values: list[str]) -> bool:
     return False  # SHARE_IDENTIFIER: quota-share jobs have none
 
 
-def _guard_submit(gw: Context, principal: Principal, action: str, p: Params) -> None:
+def guard_submit(gw: Context, principal: Principal, action: str, p: Params) -> None:
     queue = gw.queue(p.req_string("jobQueue")).spec.name
     share = p.string("quotaShareName")
     if share is not None and not principal.owns(queue, share):
         raise denied(principal, f"{action} on {gw.arns.share(queue, share)}")
 
 
-def _guard_job(gw: Context, principal: Principal, action: str, p: Params) -> None:
+def guard_job(gw: Context, principal: Principal, action: str, p: Params) -> None:
     check_job(gw, principal, action, p.req_string("jobId"))
 
 
-def _guard_jobs(gw: Context, principal: Principal, action: str, p: Params) -> None:
+def guard_jobs(gw: Context, principal: Principal, action: str, p: Params) -> None:
     for ref in p.strs("jobs", required=True, max_items=MAX_TERMINATE_JOBS) or []:
         check_job(gw, principal, action, ref)
-
-
-OPERATIONS = (
-    Operation("SubmitServiceJob", submit, guard=_guard_submit, max_bytes=MAX_SUBMIT_BYTES),
-    Operation("UpdateServiceJob", update, guard=_guard_job),
-    Operation("DescribeServiceJob", describe, guard=_guard_job),
-    Operation("ListServiceJobs", list_all, scoped=list_visible),
-    Operation("TerminateServiceJob", terminate, guard=_guard_job),
-    Operation("TerminateServiceJobs", terminate_many, guard=_guard_jobs),
-)

@@ -40,13 +40,16 @@ class Params:
             raise ClientException(f"Missing required parameter: {self._path(key)}")
         return value
 
-    def string(self, key: str, required: bool = False, max_len: int | None = None) -> str | None:
+    def _typed(self, key: str, required: bool, kind: type, expected: str) -> Any:
+        """The value of ``key`` if it is a ``kind`` (``None`` if absent and not ``required``)."""
         value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a string")
-        if max_len is not None and len(value) > max_len:
+        if value is not None and not isinstance(value, kind):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected {expected}")
+        return value
+
+    def string(self, key: str, required: bool = False, max_len: int | None = None) -> str | None:
+        value: str | None = self._typed(key, required, str, "a string")
+        if value is not None and max_len is not None and len(value) > max_len:
             raise ClientException(f"{self._path(key)} must be at most {max_len} characters")
         return value
 
@@ -119,12 +122,8 @@ class Params:
         return value
 
     def obj(self, key: str, required: bool = False) -> Params | None:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected an object")
-        return Params(value, self._path(key))
+        value = self._typed(key, required, dict, "an object")
+        return None if value is None else Params(value, self._path(key))
 
     def req_obj(self, key: str) -> Params:
         value = self.obj(key, required=True)
@@ -132,12 +131,8 @@ class Params:
         return value
 
     def array(self, key: str, required: bool = False, max_items: int | None = None) -> list[Any] | None:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, list):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a list")
-        if max_items is not None and len(value) > max_items:
+        value: list[Any] | None = self._typed(key, required, list, "a list")
+        if value is not None and max_items is not None and len(value) > max_items:
             raise ClientException(f"{self._path(key)} can have at most {max_items} entries")
         return value
 
@@ -163,12 +158,8 @@ class Params:
         return items
 
     def tags(self, key: str = "tags") -> dict[str, str] | None:
-        value = self._get(key, False)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a map")
-        return check_tags(value)
+        value = self._typed(key, False, dict, "a map")
+        return None if value is None else check_tags(value)
 
 
 def check_tags(tags: dict[Any, Any]) -> dict[str, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuquota.gateway.context import Context, Operation
+from gpuquota.gateway.context import Context
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_policy
@@ -40,10 +40,7 @@ async def create(gw: Context, p: Params) -> dict[str, Any]:
     name = p.req_name("name")
     _policy_kind(p)
     spec = policy_with_extensions(SchedulingPolicySpec(name=name, tags=p.tags() or {}))
-    if name in gw.rm.policies:
-        raise ClientException("Object already exists")
-    message = gw.make(inp.CreateSchedulingPolicy, spec=spec)
-    await gw.write_resource(gw.rm.policies, name, spec, "CREATING", message)
+    await gw.create(gw.rm.policies, spec, inp.CreateSchedulingPolicy)
     return {"name": name, "arn": gw.arns.policy(name)}
 
 
@@ -54,8 +51,7 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
             "Once set, a quotaSharePolicy cannot be removed or changed to a fairsharePolicy"
         )
     _policy_kind(p)
-    message = gw.make(inp.UpdateSchedulingPolicy, spec=view.spec)
-    await gw.write_resource(gw.rm.policies, view.spec.name, view.spec, "UPDATING", message)
+    await gw.update(gw.rm.policies, view.spec.name, view.spec, inp.UpdateSchedulingPolicy)
     return {}
 
 
@@ -80,12 +76,3 @@ async def delete(gw: Context, p: Params) -> dict[str, Any]:
     message = gw.make(inp.DeleteSchedulingPolicy, name=name)
     await gw.write_resource(gw.rm.policies, name, view.spec, "DELETING", message)
     return {}
-
-
-OPERATIONS = (
-    Operation("CreateSchedulingPolicy", create),
-    Operation("UpdateSchedulingPolicy", update),
-    Operation("DescribeSchedulingPolicies", describe),
-    Operation("ListSchedulingPolicies", list_all),
-    Operation("DeleteSchedulingPolicy", delete),
-)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpuquota.core.blocked import BLOCKED_CODES
-from gpuquota.gateway.context import Context, Operation
-from gpuquota.gateway.environments import STATES, state_or
+from gpuquota.gateway.context import Context
+from gpuquota.gateway.environments import state_change
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_queue, snapshot
@@ -56,7 +56,7 @@ def _answer(gw: Context, name: str) -> dict[str, Any]:
 
 async def create(gw: Context, p: Params) -> dict[str, Any]:
     name = p.req_name("jobQueueName")
-    state = state_or(p.enum("state", STATES), State.ENABLED)
+    state = state_change(p).get("state", State.ENABLED)
     priority = p.ranged("priority", JobQueueSpec, "priority", required=True)
     assert priority is not None
     p.enum("jobQueueType", ("SAGEMAKER_TRAINING",))
@@ -75,18 +75,13 @@ async def create(gw: Context, p: Params) -> dict[str, Any]:
         time_limit_actions=_time_limits(p) or (),
         tags=p.tags() or {},
     )
-    if name in gw.rm.queues:
-        raise ClientException("Object already exists")
-    message = gw.make(inp.CreateJobQueue, spec=spec)
-    await gw.write_resource(gw.rm.queues, name, spec, "CREATING", message)
+    await gw.create(gw.rm.queues, spec, inp.CreateJobQueue)
     return _answer(gw, name)
 
 
 async def update(gw: Context, p: Params) -> dict[str, Any]:
     view = gw.queue(p.req_string("jobQueue"))
-    changes: dict[str, Any] = {}
-    if (state := p.enum("state", STATES)) is not None:
-        changes["state"] = State(state)
+    changes = state_change(p)
     if (priority := p.ranged("priority", JobQueueSpec, "priority")) is not None:
         changes["priority"] = priority
     if (policy_ref := p.string("schedulingPolicyArn")) is not None:
@@ -96,8 +91,7 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
     if (actions := _time_limits(p)) is not None:
         changes["time_limit_actions"] = actions
     spec = view.spec.model_copy(update=changes)
-    message = gw.make(inp.UpdateJobQueue, spec=spec)
-    await gw.write_resource(gw.rm.queues, spec.name, spec, "UPDATING", message)
+    await gw.update(gw.rm.queues, spec.name, spec, inp.UpdateJobQueue)
     return _answer(gw, spec.name)
 
 
@@ -117,12 +111,3 @@ async def delete(gw: Context, p: Params) -> dict[str, Any]:
 async def get_snapshot(gw: Context, p: Params) -> dict[str, Any]:
     view = gw.queue(p.req_string("jobQueue"))
     return snapshot(gw.rm, view.spec.name, gw.clock())
-
-
-OPERATIONS = (
-    Operation("CreateJobQueue", create),
-    Operation("UpdateJobQueue", update),
-    Operation("DescribeJobQueues", describe),
-    Operation("DeleteJobQueue", delete),
-    Operation("GetJobQueueSnapshot", get_snapshot),
-)

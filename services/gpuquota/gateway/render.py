@@ -36,6 +36,20 @@ def attempt_dict(attempt: AttemptView) -> dict[str, Any]:
     return out
 
 
+def job_brief(job: JobView) -> dict[str, Any]:
+    """Who a job is and where it stands (``gpuquota explain`` and the console's job rows)."""
+    spec = job.spec
+    return {
+        "jobId": spec.job_id,
+        "jobName": spec.job_name,
+        "jobQueue": spec.job_queue,
+        "quotaShareName": spec.quota_share,
+        "status": job.status.value,
+        "statusReason": job.status_reason,
+        "schedulingPriority": job.priority,
+    }
+
+
 def describe_policy(arns: ArnFactory, view: ResourceView[SchedulingPolicySpec]) -> dict[str, Any]:
     spec = view.spec
     return {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuquota.gateway.context import Context, Operation
-from gpuquota.gateway.environments import STATES, state_or
+from gpuquota.gateway.context import Context
+from gpuquota.gateway.environments import STATES, state_change
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_share
@@ -54,7 +54,7 @@ async def create(gw: Context, p: Params) -> dict[str, Any]:
     limits = _limits(p, required=True)
     sharing = _sharing(p, required=True)
     in_share = _in_share(p, required=True)
-    state = state_or(p.enum("state", STATES), State.ENABLED)
+    state = state_change(p).get("state", State.ENABLED)
     tags = p.tags() or {}
     assert limits is not None and sharing is not None and in_share is not None
     queue_name = queue.spec.name
@@ -91,13 +91,11 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
         changes["borrow_limit"] = -1 if borrow is None else borrow
     if (in_share := _in_share(p, required=False)) is not None:
         changes["in_share_preemption"] = in_share
-    if (state := p.enum("state", STATES)) is not None:
-        changes["state"] = State(state)
+    changes.update(state_change(p))
     spec = gw.build(QuotaShareSpec, **{**view.spec.model_dump(), **changes})
     if view.status == "DELETING":
         raise ClientException(f"Quota share {spec.name} is being deleted")
-    message = gw.make(inp.UpdateQuotaShare, spec=spec)
-    await gw.write_resource(gw.rm.shares, (spec.job_queue, spec.name), spec, "UPDATING", message)
+    await gw.update(gw.rm.shares, (spec.job_queue, spec.name), spec, inp.UpdateQuotaShare)
     return _answer(gw, spec.job_queue, spec.name)
 
 
@@ -118,12 +116,3 @@ async def delete(gw: Context, p: Params) -> dict[str, Any]:
     message = gw.make(inp.DeleteQuotaShare, job_queue=spec.job_queue, name=spec.name)
     await gw.write_resource(gw.rm.shares, (spec.job_queue, spec.name), spec, "DELETING", message)
     return {}
-
-
-OPERATIONS = (
-    Operation("CreateQuotaShare", create),
-    Operation("UpdateQuotaShare", update),
-    Operation("DescribeQuotaShare", describe),
-    Operation("ListQuotaShares", list_all),
-    Operation("DeleteQuotaShare", delete),
-)

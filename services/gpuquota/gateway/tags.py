@@ -45,21 +45,14 @@ async def _retag(gw: Context, arn: str, change: Callable[[dict[str, str]], dict[
         return await gw.send(gw.make(inp.TagJob, job_id=target.spec.job_id, tags=target.tags))
     spec = target.spec.model_copy(update={"tags": check_tags(change(dict(target.spec.tags)))})
     if kind == "scheduling-policy":
-        spec = policy_with_extensions(spec)
-        await gw.write_resource(
-            gw.rm.policies, spec.name, spec, "UPDATING", gw.make(inp.UpdateSchedulingPolicy, spec=spec)
-        )
+        await gw.update(gw.rm.policies, spec.name, policy_with_extensions(spec), inp.UpdateSchedulingPolicy)
     elif kind == "service-environment":
         pool_of(gw, spec.tags)
-        message = gw.make(inp.UpdateServiceEnvironment, spec=spec)
-        await gw.write_resource(gw.rm.environments, spec.name, spec, "UPDATING", message)
+        await gw.update(gw.rm.environments, spec.name, spec, inp.UpdateServiceEnvironment)
     elif kind == "job-queue":
-        await gw.write_resource(
-            gw.rm.queues, spec.name, spec, "UPDATING", gw.make(inp.UpdateJobQueue, spec=spec)
-        )
+        await gw.update(gw.rm.queues, spec.name, spec, inp.UpdateJobQueue)
     else:
-        key = (spec.job_queue, spec.name)
-        await gw.write_resource(gw.rm.shares, key, spec, "UPDATING", gw.make(inp.UpdateQuotaShare, spec=spec))
+        await gw.update(gw.rm.shares, (spec.job_queue, spec.name), spec, inp.UpdateQuotaShare)
 
 
 async def tag_resource(gw: Context, arn: str, p: Params) -> dict[str, Any]:

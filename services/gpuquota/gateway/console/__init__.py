@@ -24,6 +24,7 @@ from aiohttp import web
 from gpuquota.gateway.auth import AccessDenied
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
+from gpuquota.gateway.render import job_brief
 from gpuquota.observe.metrics import share_maximum
 from gpuquota.sharetable import share_table
 
@@ -134,18 +135,11 @@ class Console:
         return _json({"jobs": rows, "readOnly": self.read_only})
 
     def _summary(self, job: JobView) -> dict[str, Any]:
-        spec = job.spec
         return {
-            "jobId": spec.job_id,
-            "jobName": spec.job_name,
-            "jobQueue": spec.job_queue,
-            "quotaShareName": spec.quota_share,
-            "status": job.status.value,
-            "statusReason": job.status_reason,
-            "schedulingPriority": job.priority,
-            "unit": spec.unit,
-            "count": spec.count,
-            "createdAt": spec.created_at,
+            **job_brief(job),
+            "unit": job.spec.unit,
+            "count": job.spec.count,
+            "createdAt": job.spec.created_at,
             "preemptedAttemptCount": job.preempted_count,
         }
 
