@@ -142,7 +142,7 @@ def test_apply_shares_into_an_existing_queue(stack: StackThread, cli: Cli, tmp_p
         ),
         (
             "quotaShares:\n  - {name: A, jobQueue: q, capacityLimits: {g: 0}, strategy: LEND}\n",
-            "quotaShares[0].capacityLimits: g: maxCapacity must be >= 1",
+            "quotaShares[0]: capacityLimits[0].maxCapacity must be at least 1, got 0",
         ),
         (
             "quotaShares:\n  - {name: A, capacityLimits: {g: 1}, strategy: LEND}\n",

@@ -11,10 +11,12 @@ from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.wire.base import (
     BORROW_LIMIT_RULE,
+    UNITS_ONCE_RULE,
     CapacityLimit,
     JobQueueSpec,
     JobSpec,
     QuotaShareSpec,
+    ServiceEnvironmentSpec,
     Strategy,
 )
 
@@ -54,3 +56,21 @@ def test_the_gateway_reads_ranges_from_the_wire_models(
         Params({"schedulingPriority": value}).ranged("schedulingPriority", model, field)
     assert refused.value.message == message
     assert Params({"schedulingPriority": 7}).ranged("schedulingPriority", model, field) == 7
+
+
+def test_a_spec_lists_each_unit_once() -> None:
+    twice = (LIMITS[0], CapacityLimit(unit="ml.g5.xlarge", max_capacity=2))
+    with pytest.raises(ValidationError) as refused:
+        QuotaShareSpec(name="s", job_queue="q", capacity_limits=twice, strategy=Strategy.LEND)
+    assert refused.value.errors()[0]["msg"] == UNITS_ONCE_RULE
+    with pytest.raises(ValidationError) as refused:
+        ServiceEnvironmentSpec(name="e", capacity_limits=twice)
+    assert refused.value.errors()[0]["msg"] == UNITS_ONCE_RULE
+
+
+def test_a_share_limit_is_at_least_one() -> None:
+    zero = (CapacityLimit(unit="ml.g5.xlarge", max_capacity=0),)
+    with pytest.raises(ValidationError) as refused:
+        QuotaShareSpec(name="s", job_queue="q", capacity_limits=zero, strategy=Strategy.LEND)
+    assert refused.value.errors()[0]["msg"] == "capacityLimits[0].maxCapacity must be at least 1, got 0"
+    assert ServiceEnvironmentSpec(name="e", capacity_limits=zero).capacity_limits == zero

@@ -109,21 +109,10 @@ def _delete_policy(ctx: Context, m: inp.DeleteSchedulingPolicy) -> bool:
     return False
 
 
-def _duplicate_unit(limits: tuple[Any, ...]) -> str | None:
-    seen: set[str] = set()
-    for cap in limits:
-        if cap.unit in seen:
-            return str(cap.unit)
-        seen.add(cap.unit)
-    return None
-
-
 @_handles(inp.CreateServiceEnvironment)
 def _create_environment(ctx: Context, m: inp.CreateServiceEnvironment) -> bool:
     if m.spec.name in ctx.state.environments:
         return reject(ctx, m, f"Service environment {m.spec.name} already exists")
-    if (unit := _duplicate_unit(m.spec.capacity_limits)) is not None:
-        return reject(ctx, m, f"Capacity unit {unit} is listed twice")
     ctx.emit(ev.ServiceEnvironmentChanged, spec=m.spec)
     return False
 
@@ -133,8 +122,6 @@ def _update_environment(ctx: Context, m: inp.UpdateServiceEnvironment) -> bool:
     old = ctx.state.environments.get(m.spec.name)
     if old is None:
         return reject(ctx, m, f"Service environment {m.spec.name} does not exist")
-    if (unit := _duplicate_unit(m.spec.capacity_limits)) is not None:
-        return reject(ctx, m, f"Capacity unit {unit} is listed twice")
     if old.pool != m.spec.pool:
         return reject(ctx, m, "The pool of a service environment cannot be changed")
     ctx.emit(ev.ServiceEnvironmentChanged, spec=m.spec)
@@ -230,10 +217,6 @@ def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
 def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
     if spec.job_queue not in ctx.state.queues or spec.job_queue in ctx.state.queues_deleting:
         return f"Job queue {spec.job_queue} does not exist"
-    if (unit := _duplicate_unit(spec.capacity_limits)) is not None:
-        return f"Capacity unit {unit} is listed twice"
-    if any(cap.max_capacity < 1 for cap in spec.capacity_limits):
-        return "maxCapacity must be at least 1"
     return tag_problem(spec.tags)
 
 

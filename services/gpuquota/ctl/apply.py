@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -40,18 +40,6 @@ def _on_off(value: Any) -> Any:
     return value
 
 
-def _at_least(minimum: int) -> Callable[[dict[str, int]], dict[str, int]]:
-    """A validator of ``capacityLimits`` ({unit: maxCapacity}): every count at least ``minimum``."""
-
-    def check(limits: dict[str, int]) -> dict[str, int]:
-        for unit, count in limits.items():
-            if count < minimum:
-                raise ValueError(f"{unit}: maxCapacity must be >= {minimum}")
-        return limits
-
-    return check
-
-
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -65,10 +53,8 @@ class PolicyDoc(_Doc):
 class EnvironmentDoc(_Doc):
     name: str = Field(min_length=1, max_length=128)
     state: State = "ENABLED"
-    capacityLimits: dict[str, int] = Field(min_length=1)
+    capacityLimits: dict[str, Annotated[int, Field(ge=0)]] = Field(min_length=1)
     tags: dict[str, str] | None = None
-
-    _limits = field_validator("capacityLimits")(_at_least(0))
 
     _state = field_validator("state", mode="before")(_on_off)
 
@@ -93,8 +79,6 @@ class ShareDoc(_Doc):
     inSharePreemption: State = "DISABLED"
     state: State = "ENABLED"
     tags: dict[str, str] | None = None
-
-    _limits = field_validator("capacityLimits")(_at_least(1))
 
     _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
 

@@ -35,19 +35,20 @@ def pool_of(gw: Context, tags: dict[str, str]) -> str:
     return pool
 
 
+def capacity_limit(item: Params) -> CapacityLimit:
+    """One ``{capacityUnit, maxCapacity}`` of a request (the spec that holds it checks the rest)."""
+    count = item.ranged("maxCapacity", CapacityLimit, "max_capacity", required=True)
+    assert count is not None
+    return CapacityLimit(unit=item.req_unit(), max_capacity=count)
+
+
 def _capacity_limits(p: Params, key: str, *, required: bool) -> tuple[CapacityLimit, ...] | None:
     items = p.objs(key, required=required, max_items=100)
     if items is None:
         return None
     if not items:
         raise ClientException(f"{key} must have at least one entry")
-    limits = [
-        CapacityLimit(unit=i.req_unit(), max_capacity=i.req_integer("maxCapacity", low=0)) for i in items
-    ]
-    units = [c.unit for c in limits]
-    if len(set(units)) != len(units):
-        raise ClientException(f"{key} lists a capacityUnit more than once")
-    return tuple(limits)
+    return tuple(capacity_limit(item) for item in items)
 
 
 def _answer(gw: Context, name: str) -> dict[str, Any]:
@@ -60,8 +61,13 @@ async def create(gw: Context, p: Params) -> dict[str, Any]:
     state = state_change(p).get("state", State.ENABLED)
     limits = _capacity_limits(p, "capacityLimits", required=True) or ()
     tags = p.tags() or {}
-    spec = ServiceEnvironmentSpec(
-        name=name, state=state, capacity_limits=limits, pool=pool_of(gw, tags), tags=tags
+    spec = gw.build(
+        ServiceEnvironmentSpec,
+        name=name,
+        state=state,
+        capacity_limits=limits,
+        pool=pool_of(gw, tags),
+        tags=tags,
     )
     await gw.create(gw.rm.environments, spec, inp.CreateServiceEnvironment)
     return _answer(gw, name)
@@ -72,7 +78,7 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
     changes = state_change(p)
     if (limits := _capacity_limits(p, "capacityLimits", required=False)) is not None:
         changes["capacity_limits"] = limits
-    spec = view.spec.model_copy(update=changes)
+    spec = gw.build(ServiceEnvironmentSpec, **{**view.spec.model_dump(), **changes})
     await gw.update(gw.rm.environments, spec.name, spec, inp.UpdateServiceEnvironment)
     return _answer(gw, spec.name)
 

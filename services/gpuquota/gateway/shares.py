@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuquota.gateway.context import Context
-from gpuquota.gateway.environments import STATES, state_change
+from gpuquota.gateway.environments import STATES, capacity_limit, state_change
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_share
@@ -19,14 +19,7 @@ def _limits(p: Params, required: bool) -> tuple[CapacityLimit, ...] | None:
         return None
     if not 1 <= len(items) <= 5:
         raise ClientException("A quota share must have between 1 and 5 capacity limits")
-    limits = tuple(
-        CapacityLimit(unit=item.req_unit(), max_capacity=item.req_integer("maxCapacity", low=1))
-        for item in items
-    )
-    units = [c.unit for c in limits]
-    if len(set(units)) != len(units):
-        raise ClientException("capacityLimits lists a capacityUnit more than once")
-    return limits
+    return tuple(capacity_limit(item) for item in items)
 
 
 def _sharing(p: Params, required: bool) -> tuple[Strategy, int | None] | None:

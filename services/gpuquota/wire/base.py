@@ -94,12 +94,27 @@ class SchedulingPolicySpec(Frozen):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+UNITS_ONCE_RULE = "capacityLimits lists a capacityUnit more than once"
+BORROW_LIMIT_RULE = "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
+
+
+def _units_once(limits: tuple[CapacityLimit, ...]) -> None:
+    units = [c.unit for c in limits]
+    if len(set(units)) != len(units):
+        raise PydanticCustomError("capacity_units", UNITS_ONCE_RULE)
+
+
 class ServiceEnvironmentSpec(Frozen):
     name: Name
     state: State = State.ENABLED
     capacity_limits: tuple[CapacityLimit, ...] = ()
     pool: Name = "default"
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceEnvironmentSpec:
+        _units_once(self.capacity_limits)
+        return self
 
 
 class TimeLimitAction(Frozen):
@@ -119,9 +134,6 @@ class JobQueueSpec(Frozen):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
-BORROW_LIMIT_RULE = "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
-
-
 class QuotaShareSpec(Frozen):
     name: Name
     job_queue: Name
@@ -133,7 +145,15 @@ class QuotaShareSpec(Frozen):
     tags: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _borrow_limit_needs_lend_and_borrow(self) -> QuotaShareSpec:
+    def _check(self) -> QuotaShareSpec:
+        for index, cap in enumerate(self.capacity_limits):
+            if cap.max_capacity < 1:
+                raise PydanticCustomError(
+                    "max_capacity",
+                    "capacityLimits[{index}].maxCapacity must be at least 1, got {count}",
+                    {"index": index, "count": cap.max_capacity},
+                )
+        _units_once(self.capacity_limits)
         if self.borrow_limit != -1 and self.strategy is not Strategy.LEND_AND_BORROW:
             raise PydanticCustomError("borrow_limit", BORROW_LIMIT_RULE)
         return self
