@@ -165,6 +165,7 @@ class Operation:
     """One AWS operation: its name (as in botocore's model), its handler and its access check."""
 
     name: str
+    """As botocore's model spells it (``SubmitServiceJob``); the path is ``/v1/`` and its lower case."""
     handler: Handler
     guard: Guard | None = None
     """Checks a share-limited principal beyond ``Principal.may`` (``None``: nothing more to check)."""
