@@ -12,8 +12,8 @@ says "does not exist"; the event that follows replaces the pending state (``VALI
 a rejection removes it (``revert``). Pending states are not durable: they only bridge the gap between
 a write and its event.
 
-Everything here is plain data and dictionaries; ``describe_*`` methods render the AWS response shapes
-of the botocore model (times in epoch milliseconds).
+Everything here is plain data and dictionaries; ``gpuquota.gateway.render`` renders the AWS response
+shapes from these views.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pydantic.alias_generators import to_camel
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
-from gpuquota.core.hygiene import MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG
 from gpuquota.nodeview import NodeTable
 from gpuquota.observe.metrics import EventTally
 from gpuquota.wire import events as ev
@@ -35,13 +35,10 @@ from gpuquota.wire.base import (
     QuotaShareSpec,
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
-    Strategy,
 )
 
 S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, QuotaShareSpec)
 
-HYGIENE_TAGS = (MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG)
-"""S10's opt-in tags, shown with each share by ``gpuquota shares``."""
 RECENT_PREEMPTIONS = 10
 """How many preempted attempts ``preemptionSummary.recentPreemptedAttempts`` keeps (newest first)."""
 HISTORY = 64
@@ -73,16 +70,6 @@ class AttemptView:
     started_at: int | None = None
     stopped_at: int | None = None
     status_reason: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"serviceResourceId": {"name": "TrainingJobArn", "value": self.arn}}
-        started = self.started_at if self.started_at is not None else self.scheduled_at
-        out["startedAt"] = started
-        if self.stopped_at is not None:
-            out["stoppedAt"] = self.stopped_at
-        if self.status_reason:
-            out["statusReason"] = self.status_reason
-        return out
 
 
 @dataclass(slots=True)
@@ -360,7 +347,7 @@ class ReadModel:
                 "victimQuotaShareName": e.victim_share,
                 "statusReason": e.status_reason,
                 "victimRuntimeMs": e.victim_runtime_ms,
-                "figures": {_camel(k): v for k, v in e.figures.model_dump().items()},
+                "figures": {to_camel(k): v for k, v in e.figures.model_dump().items()},
             },
         )
         del job.preemptions[RECENT_PREEMPTIONS:]
@@ -430,283 +417,3 @@ class ReadModel:
                 return True
             later, view = view, view.previous
         return False
-
-    # ----- AWS views ---------------------------------------------------------------------------
-
-    def describe_policy(self, view: ResourceView[SchedulingPolicySpec]) -> dict[str, Any]:
-        spec = view.spec
-        return {
-            "name": spec.name,
-            "arn": self.arns.policy(spec.name),
-            "quotaSharePolicy": {"idleResourceAssignmentStrategy": spec.idle_resource_assignment_strategy},
-            "tags": dict(spec.tags),
-        }
-
-    def describe_environment(self, view: ResourceView[ServiceEnvironmentSpec]) -> dict[str, Any]:
-        spec = view.spec
-        return {
-            "serviceEnvironmentName": spec.name,
-            "serviceEnvironmentArn": self.arns.environment(spec.name),
-            "serviceEnvironmentType": "SAGEMAKER_TRAINING",
-            "state": spec.state.value,
-            "status": view.status,
-            "capacityLimits": [
-                {"maxCapacity": c.max_capacity, "capacityUnit": c.unit} for c in spec.capacity_limits
-            ],
-            "tags": dict(spec.tags),
-        }
-
-    def describe_queue(self, view: ResourceView[JobQueueSpec]) -> dict[str, Any]:
-        spec = view.spec
-        out: dict[str, Any] = {
-            "jobQueueName": spec.name,
-            "jobQueueArn": self.arns.queue(spec.name),
-            "state": spec.state.value,
-            "schedulingPolicyArn": self.arns.policy(spec.scheduling_policy),
-            "status": view.status,
-            "priority": spec.priority,
-            "computeEnvironmentOrder": [],
-            "serviceEnvironmentOrder": [
-                {"order": 1, "serviceEnvironment": self.arns.environment(spec.service_environment)}
-            ],
-            "jobQueueType": "SAGEMAKER_TRAINING",
-            "tags": dict(spec.tags),
-        }
-        # AWS describes a healthy queue as such; gpuquota's own reasons (a rejected change) win.
-        healthy = "JobQueue Healthy" if view.status == "VALID" else None
-        if view.status_reason or healthy:
-            out["statusReason"] = view.status_reason or healthy
-        if spec.time_limit_actions:
-            out["jobStateTimeLimitActions"] = [
-                {
-                    "reason": a.reason,
-                    "state": a.state,
-                    "maxTimeSeconds": a.max_time_seconds,
-                    "action": a.action,
-                }
-                for a in spec.time_limit_actions
-            ]
-        return out
-
-    def describe_share(self, view: ResourceView[QuotaShareSpec], with_tags: bool = True) -> dict[str, Any]:
-        spec = view.spec
-        sharing: dict[str, Any] = {"strategy": spec.strategy.value}
-        if spec.strategy is Strategy.LEND_AND_BORROW:
-            sharing["borrowLimit"] = spec.borrow_limit
-        out: dict[str, Any] = {
-            "quotaShareName": spec.name,
-            "quotaShareArn": self.arns.share(spec.job_queue, spec.name),
-            "jobQueueArn": self.arns.queue(spec.job_queue),
-            "capacityLimits": [
-                {"maxCapacity": c.max_capacity, "capacityUnit": c.unit} for c in spec.capacity_limits
-            ],
-            "resourceSharingConfiguration": sharing,
-            "preemptionConfiguration": {
-                "inSharePreemption": "ENABLED" if spec.in_share_preemption else "DISABLED"
-            },
-            "state": spec.state.value,
-            "status": view.status,
-        }
-        if with_tags:
-            out["tags"] = dict(spec.tags)
-        return out
-
-    def _latest_attempt(self, job: JobView) -> dict[str, Any] | None:
-        if not job.attempts:
-            return None
-        return {"serviceResourceId": {"name": "TrainingJobArn", "value": job.attempts[-1].arn}}
-
-    def _capacity_usage(self, job: JobView) -> list[dict[str, Any]]:
-        return [{"capacityUnit": job.spec.unit, "quantity": float(job.spec.count)}]
-
-    def job_summary(self, job: JobView) -> dict[str, Any]:
-        spec = job.spec
-        out: dict[str, Any] = {
-            "jobId": spec.job_id,
-            "jobArn": self.arns.job(spec.job_id),
-            "jobName": spec.job_name,
-            "serviceJobType": "SAGEMAKER_TRAINING",
-            "status": job.status.value,
-            "createdAt": spec.created_at,
-            "quotaShareName": spec.quota_share,
-            "capacityUsage": self._capacity_usage(job),
-            "isTerminated": job.is_terminated,
-        }
-        blocked = job.blocked_reason if job.status is JobStatus.RUNNABLE else None
-        if blocked or job.status_reason:
-            out["statusReason"] = blocked or job.status_reason
-        for key, value in (
-            ("scheduledAt", job.scheduled_at),
-            ("startedAt", job.started_at),
-            ("stoppedAt", job.stopped_at),
-        ):
-            if value is not None:
-                out[key] = value
-        if (latest := self._latest_attempt(job)) is not None:
-            out["latestAttempt"] = latest
-        return out
-
-    def describe_job(self, job: JobView) -> dict[str, Any]:
-        spec = job.spec
-        out = self.job_summary(job)
-        out["jobQueue"] = self.arns.queue(spec.job_queue)
-        out["serviceRequestPayload"] = spec.payload
-        out["schedulingPriority"] = job.priority
-        retry: dict[str, Any] = {"attempts": spec.retry_attempts}
-        if spec.evaluate_on_exit:
-            retry["evaluateOnExit"] = [
-                {"action": r.action, "onStatusReason": r.on_status_reason} for r in spec.evaluate_on_exit
-            ]
-        out["retryStrategy"] = retry
-        if spec.preemption_retries is not None:
-            out["preemptionConfiguration"] = {"preemptionRetriesBeforeTermination": spec.preemption_retries}
-        if job.preempted_count:
-            out["preemptionSummary"] = {
-                "preemptedAttemptCount": job.preempted_count,
-                "recentPreemptedAttempts": [a.as_dict() for a in job.recent_preempted],
-            }
-        out["attempts"] = [a.as_dict() for a in job.attempts]
-        if spec.attempt_duration_seconds is not None:
-            out["timeoutConfig"] = {"attemptDurationSeconds": spec.attempt_duration_seconds}
-        out["tags"] = dict(job.tags)
-        return out
-
-    # ----- figures -----------------------------------------------------------------------------
-
-    def share_usage(self, queue: str, share: str) -> dict[str, int]:
-        return {u: n for u, n in sorted(self.usage.get((queue, share), {}).items()) if n}
-
-    def share_table(self, queue: str | None = None) -> list[dict[str, Any]]:
-        """One row per share (of ``queue``, or of every queue): limits, strategy, usage, borrowed and lent
-        instances per unit and queued jobs (``gpuquota shares``).
-
-        ``borrowed`` is ``max(0, U - L)``. ``lent`` attributes the queue's borrowed instances that the
-        service environment's capacity not covered by any share cannot explain to the idle capacity of
-        LEND and LEND_AND_BORROW shares, in share-name order: a display figure, not a decision input.
-        """
-        rows = []
-        lent = self._lent()
-        for (queue_name, name), view in sorted(self.shares.items()):
-            if queue is not None and queue_name != queue:
-                continue
-            spec = view.spec
-            limits = {c.unit: c.max_capacity for c in spec.capacity_limits}
-            usage = self.share_usage(queue_name, name)
-            borrowed = {u: n - limits.get(u, 0) for u, n in usage.items() if n > limits.get(u, 0)}
-            rows.append(
-                {
-                    "jobQueue": queue_name,
-                    "quotaShareName": name,
-                    "strategy": spec.strategy.value,
-                    "borrowLimit": spec.borrow_limit if spec.strategy is Strategy.LEND_AND_BORROW else None,
-                    "inSharePreemption": "ENABLED" if spec.in_share_preemption else "DISABLED",
-                    "limits": limits,
-                    "usage": usage,
-                    "borrowed": borrowed,
-                    "lent": lent.get((queue_name, name), {}),
-                    "runnable": len(self.runnable.get((queue_name, name), ())),
-                    "state": spec.state.value,
-                    "status": view.status,
-                    "hygiene": {t: v for t, v in spec.tags.items() if t in HYGIENE_TAGS},
-                }
-            )
-        return rows
-
-    def _lent(self) -> dict[ShareKey, dict[str, int]]:
-        by_queue: dict[str, list[ResourceView[QuotaShareSpec]]] = {}
-        for (queue_name, _), view in sorted(self.shares.items()):
-            by_queue.setdefault(queue_name, []).append(view)
-        out: dict[ShareKey, dict[str, int]] = {}
-        for queue_name, views in by_queue.items():
-            queue = self.queues.get(queue_name)
-            environment = None if queue is None else self.environments.get(queue.spec.service_environment)
-            capacity = (
-                {}
-                if environment is None
-                else {c.unit: c.max_capacity for c in environment.spec.capacity_limits}
-            )
-            for unit, total in capacity.items():
-                limits = [
-                    next((c.max_capacity for c in view.spec.capacity_limits if c.unit == unit), 0)
-                    for view in views
-                ]
-                used = [self.usage.get((queue_name, view.spec.name), {}).get(unit, 0) for view in views]
-                lends = [view.spec.strategy is not Strategy.RESERVE for view in views]
-                for index, given in attribute_lent(total, limits, used, lends).items():
-                    out.setdefault((queue_name, views[index].spec.name), {})[unit] = given
-        return out
-
-    def snapshot(self, queue: str, now: int) -> dict[str, Any]:
-        """``GetJobQueueSnapshot`` for ``queue`` (which must exist)."""
-        share_names = sorted(name for (q, name) in self.shares if q == queue)
-        fronts: dict[str, list[dict[str, Any]]] = {}
-        candidates: list[tuple[RunnableKey, str]] = []
-        for name in share_names:
-            keys = self.runnable.get((queue, name))
-            if keys:
-                head = self.jobs[keys[0][2]]
-                fronts[name] = [
-                    {
-                        "jobArn": self.arns.job(head.spec.job_id),
-                        "earliestTimeAtPosition": self.time_at_position(head),
-                    }
-                ]
-                candidates.extend((key, name) for key in keys[:100])
-        candidates.sort()
-        front = [
-            {
-                "jobArn": self.arns.job(key[2]),
-                "earliestTimeAtPosition": self.time_at_position(self.jobs[key[2]]),
-            }
-            for key, _ in candidates[:100]
-        ]
-        total: dict[str, int] = {}
-        per_share: list[dict[str, Any]] = []
-        for name in share_names:
-            usage = self.share_usage(queue, name)
-            for unit, count in usage.items():
-                total[unit] = total.get(unit, 0) + count
-            per_share.append(
-                {
-                    "quotaShareName": name,
-                    "capacityUsage": [{"capacityUnit": u, "quantity": float(n)} for u, n in usage.items()],
-                }
-            )
-        per_share.sort(
-            key=lambda row: (-sum(c["quantity"] for c in row["capacityUsage"]), row["quotaShareName"])
-        )
-        return {
-            "frontOfQueue": {"jobs": front, "lastUpdatedAt": now},
-            "frontOfQuotaShares": {"quotaShares": fronts, "lastUpdatedAt": now},
-            "queueUtilization": {
-                "totalCapacityUsage": [
-                    {"capacityUnit": u, "quantity": float(n)} for u, n in sorted(total.items())
-                ],
-                "quotaShareUtilization": {"topCapacityUtilization": per_share},
-                "lastUpdatedAt": now,
-            },
-        }
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def attribute_lent(capacity: int, limits: list[int], used: list[int], lends: list[bool]) -> dict[int, int]:
-    """Instances of one unit that each share lends (by index; shares in name order): the borrowed
-    instances that the capacity no share covers cannot explain are attributed to the idle quota of the
-    shares that lend (not RESERVE), in order. A display figure, not a decision input."""
-    covered = sum(limits)
-    borrowed = sum(max(0, u - limit) for u, limit in zip(used, limits, strict=True))
-    to_attribute = max(0, borrowed - max(0, capacity - covered))
-    out: dict[int, int] = {}
-    for index, limit in enumerate(limits):
-        if to_attribute <= 0:
-            break
-        idle = max(0, limit - used[index])
-        if lends[index] and idle:
-            given = min(idle, to_attribute)
-            out[index] = given
-            to_attribute -= given
-    return out

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpuquota.ctl.apply import parse
-from gpuquota.ctl.demo import WORKED_EXAMPLE
+from gpuquota.ctl.demo_scenario import WORKED_EXAMPLE
 from tests.cli.conftest import Cli
 from tests.gateway.conftest import StackThread
 
@@ -133,7 +133,8 @@ def test_apply_shares_into_an_existing_queue(stack: StackThread, cli: Cli, tmp_p
         (
             "quotaShares:\n  - {name: A, jobQueue: q, capacityLimits: {g: 1}, strategy: LEND,\n"
             "     borrowLimit: 5}\n",
-            "quotaShares[0]: borrowLimit only applies to strategy LEND_AND_BORROW",
+            "quotaShares[0]: borrowLimit can only be applied to quota shares with a strategy of "
+            "LEND_AND_BORROW",
         ),
         (
             "quotaShares:\n  - {name: A, jobQueue: q, capacityLimits: {g: 1}, strategy: BORROW}\n",
@@ -141,7 +142,7 @@ def test_apply_shares_into_an_existing_queue(stack: StackThread, cli: Cli, tmp_p
         ),
         (
             "quotaShares:\n  - {name: A, jobQueue: q, capacityLimits: {g: 0}, strategy: LEND}\n",
-            "quotaShares[0].capacityLimits: g: maxCapacity must be >= 1",
+            "quotaShares[0]: capacityLimits[0].maxCapacity must be at least 1, got 0",
         ),
         (
             "quotaShares:\n  - {name: A, capacityLimits: {g: 1}, strategy: LEND}\n",

@@ -90,7 +90,7 @@ def test_jobs_describe_update_priority_and_terminate(stack: StackThread, cli: Cl
     out_of_range = cli("jobs", "update-priority", low, "10000")
     assert (out_of_range.rc, out_of_range.err) == (
         1,
-        "gpuquota jobs update-priority: PRIORITY must be between 0 and 9999\n",
+        "gpuquota jobs update-priority: schedulingPriority must be between 0 and 9999, got 10000\n",
     )
 
     terminated = cli("jobs", "terminate", med, "--reason", "not needed")

@@ -7,8 +7,8 @@ rolls the trial back, returning only the events. Each event is applied as soon a
 the pass sees the input's effect (a new job, freed capacity) and every later decision sees earlier
 ones; replaying the returned events with ``evolve`` reproduces exactly the state the trial reached.
 
-Handlers validate first: a bad input (unknown share, priority out of range, a report for an attempt
-the node does not hold) yields ``InputRejected`` or ``AttemptFenced``, never an exception. Time comes
+Handlers validate first: a bad input (unknown share, disabled queue, a report for an attempt the
+node does not hold) yields ``InputRejected`` or ``AttemptFenced``, never an exception. Time comes
 only from ``input.occurred_at``; ids derive from ``input.event_id``.
 
 After handling, the pass (``schedule``) runs, except after inputs that provably cannot change a
@@ -31,7 +31,7 @@ from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobQueueSpec, JobStatus, QuotaShareSpec, State, Strategy
+from gpuquota.wire.base import JobQueueSpec, JobStatus, QuotaShareSpec, State
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
 
@@ -109,21 +109,10 @@ def _delete_policy(ctx: Context, m: inp.DeleteSchedulingPolicy) -> bool:
     return False
 
 
-def _duplicate_unit(limits: tuple[Any, ...]) -> str | None:
-    seen: set[str] = set()
-    for cap in limits:
-        if cap.unit in seen:
-            return str(cap.unit)
-        seen.add(cap.unit)
-    return None
-
-
 @_handles(inp.CreateServiceEnvironment)
 def _create_environment(ctx: Context, m: inp.CreateServiceEnvironment) -> bool:
     if m.spec.name in ctx.state.environments:
         return reject(ctx, m, f"Service environment {m.spec.name} already exists")
-    if (unit := _duplicate_unit(m.spec.capacity_limits)) is not None:
-        return reject(ctx, m, f"Capacity unit {unit} is listed twice")
     ctx.emit(ev.ServiceEnvironmentChanged, spec=m.spec)
     return False
 
@@ -133,8 +122,6 @@ def _update_environment(ctx: Context, m: inp.UpdateServiceEnvironment) -> bool:
     old = ctx.state.environments.get(m.spec.name)
     if old is None:
         return reject(ctx, m, f"Service environment {m.spec.name} does not exist")
-    if (unit := _duplicate_unit(m.spec.capacity_limits)) is not None:
-        return reject(ctx, m, f"Capacity unit {unit} is listed twice")
     if old.pool != m.spec.pool:
         return reject(ctx, m, "The pool of a service environment cannot be changed")
     ctx.emit(ev.ServiceEnvironmentChanged, spec=m.spec)
@@ -230,12 +217,6 @@ def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
 def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
     if spec.job_queue not in ctx.state.queues or spec.job_queue in ctx.state.queues_deleting:
         return f"Job queue {spec.job_queue} does not exist"
-    if (unit := _duplicate_unit(spec.capacity_limits)) is not None:
-        return f"Capacity unit {unit} is listed twice"
-    if any(cap.max_capacity < 1 for cap in spec.capacity_limits):
-        return "maxCapacity must be at least 1"
-    if spec.borrow_limit != -1 and spec.strategy is not Strategy.LEND_AND_BORROW:
-        return "borrowLimit can only be set for the LEND_AND_BORROW strategy"
     return tag_problem(spec.tags)
 
 
@@ -317,8 +298,6 @@ def _submission_problem(state: ClusterState, m: inp.SubmitJob) -> str | None:
         return f"Quota share {job.quota_share} does not exist in job queue {job.job_queue}"
     if share.spec.state is not State.ENABLED:
         return f"Quota share {job.quota_share} is DISABLED"
-    if not 0 <= job.priority <= 9999:
-        return f"schedulingPriority {job.priority} is out of range 0 to 9999"
     if share_limit(share, job.unit) == 0:
         return f"Quota share {job.quota_share} has no capacity limit for instance type {job.unit}"
     return None
@@ -354,8 +333,6 @@ def _update_priority(ctx: Context, m: inp.UpdateJobPriority) -> bool:
     job = state.jobs.get(m.job_id)
     if job is None:
         return reject(ctx, m, f"Job {m.job_id} does not exist or has finished", job_id=m.job_id)
-    if not 0 <= m.priority <= 9999:
-        return reject(ctx, m, f"schedulingPriority {m.priority} is out of range 0 to 9999", job_id=m.job_id)
     was_head = job.status is JobStatus.RUNNABLE and _is_head(state, job)
     ctx.emit(ev.JobPriorityChanged, job_id=job.job_id, priority=m.priority)
     if job.status is not JobStatus.RUNNABLE:

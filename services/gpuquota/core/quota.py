@@ -390,3 +390,22 @@ class Ledger:
             environment_enabled=totals.enabled,
             own_reserved_idle=max(0, limit - usage) if is_reserve else 0,
         )
+
+
+def attribute_lent(capacity: int, limits: list[int], used: list[int], lends: list[bool]) -> dict[int, int]:
+    """Instances of one unit that each share lends (by index; shares in name order): the borrowed
+    instances that the capacity no share covers cannot explain are attributed to the idle quota of the
+    shares that lend (not RESERVE), in order. A display figure, not a decision input."""
+    covered = sum(limits)
+    borrowed = sum(max(0, u - limit) for u, limit in zip(used, limits, strict=True))
+    to_attribute = max(0, borrowed - max(0, capacity - covered))
+    out: dict[int, int] = {}
+    for index, limit in enumerate(limits):
+        if to_attribute <= 0:
+            break
+        idle = max(0, limit - used[index])
+        if lends[index] and idle:
+            given = min(idle, to_attribute)
+            out[index] = given
+            to_attribute -= given
+    return out

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuquota.ctl.api import Api, CliError, poll
+from gpuquota.wire.base import CapacityLimit, QueuePriority, QuotaShareSpec
 
 State = Literal["ENABLED", "DISABLED"]
 READY_TIMEOUT = 15.0
@@ -52,23 +53,15 @@ class PolicyDoc(_Doc):
 class EnvironmentDoc(_Doc):
     name: str = Field(min_length=1, max_length=128)
     state: State = "ENABLED"
-    capacityLimits: dict[str, int] = Field(min_length=1)
+    capacityLimits: dict[str, Annotated[int, Field(ge=0)]] = Field(min_length=1)
     tags: dict[str, str] | None = None
-
-    @field_validator("capacityLimits")
-    @classmethod
-    def _limits(cls, value: dict[str, int]) -> dict[str, int]:
-        for unit, count in value.items():
-            if count < 0:
-                raise ValueError(f"{unit}: maxCapacity must be >= 0")
-        return value
 
     _state = field_validator("state", mode="before")(_on_off)
 
 
 class QueueDoc(_Doc):
     name: str = Field(min_length=1, max_length=128)
-    priority: int = Field(default=1, ge=0, le=1000)
+    priority: QueuePriority = 1
     state: State = "ENABLED"
     schedulingPolicy: str | None = None
     serviceEnvironment: str | None = None
@@ -87,21 +80,26 @@ class ShareDoc(_Doc):
     state: State = "ENABLED"
     tags: dict[str, str] | None = None
 
-    @field_validator("capacityLimits")
-    @classmethod
-    def _limits(cls, value: dict[str, int]) -> dict[str, int]:
-        for unit, count in value.items():
-            if count < 1:
-                raise ValueError(f"{unit}: maxCapacity must be >= 1")
-        return value
-
     _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
 
-    @model_validator(mode="after")
-    def _borrow(self) -> ShareDoc:
-        if self.borrowLimit is not None and self.borrowLimit != -1 and self.strategy != "LEND_AND_BORROW":
-            raise ValueError("borrowLimit only applies to strategy LEND_AND_BORROW")
-        return self
+    def spec(self, queue: str) -> QuotaShareSpec:
+        """The wire spec this document asks for (its validation is the quota share's rules)."""
+        return QuotaShareSpec(
+            name=self.name,
+            job_queue=queue,
+            capacity_limits=tuple(
+                CapacityLimit(unit=u, max_capacity=n) for u, n in self.capacityLimits.items()
+            ),
+            strategy=self.strategy,
+            borrow_limit=-1 if self.borrowLimit is None else self.borrowLimit,
+            in_share_preemption=self.inSharePreemption == "ENABLED",
+            state=self.state,
+            tags=self.tags or {},
+        )
+
+
+def _capacity(limits: dict[str, int]) -> tuple[CapacityLimit, ...]:
+    return tuple(CapacityLimit(unit=unit, max_capacity=count) for unit, count in limits.items())
 
 
 class ApplyDoc(_Doc):
@@ -129,6 +127,10 @@ class ApplyDoc(_Doc):
             if (queue, share.name) in seen:
                 raise ValueError(f"quotaShares[{i}]: quota share {share.name} is listed twice")
             seen.add((queue, share.name))
+            try:
+                share.spec(queue)
+            except ValidationError as exc:
+                raise ValueError(f"quotaShares[{i}]: {exc.errors()[0]['msg']}") from None
         return self
 
     def policy_of(self, queue: QueueDoc) -> str:
@@ -323,10 +325,15 @@ class Applier:
         details = self._tags(current["arn"], current.get("tags", {}), doc.tags)
         self._record("scheduling policy", doc.name, details)
 
-    def _describe_environment(self, name: str) -> dict[str, Any] | None:
-        found = self.api.call("describe_service_environments", serviceEnvironments=[name])
-        items = found["serviceEnvironments"]
+    def _describe_one(self, operation: str, listed: str, **query: Any) -> dict[str, Any] | None:
+        """The first item ``operation`` lists under ``listed`` (``None`` if it lists none)."""
+        items = self.api.call(operation, **query)[listed]
         return dict(items[0]) if items else None
+
+    def _describe_environment(self, name: str) -> dict[str, Any] | None:
+        return self._describe_one(
+            "describe_service_environments", "serviceEnvironments", serviceEnvironments=[name]
+        )
 
     def environment(self, doc: EnvironmentDoc) -> None:
         current = self._describe_environment(doc.name)
@@ -363,8 +370,7 @@ class Applier:
         self._record("service environment", doc.name, details)
 
     def _describe_queue(self, name: str) -> dict[str, Any] | None:
-        items = self.api.call("describe_job_queues", jobQueues=[name])["jobQueues"]
-        return dict(items[0]) if items else None
+        return self._describe_one("describe_job_queues", "jobQueues", jobQueues=[name])
 
     def queue(self, doc: QueueDoc, policy: str, environment: str) -> None:
         current = self._describe_queue(doc.name)

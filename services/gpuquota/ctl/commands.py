@@ -175,11 +175,7 @@ def list_jobs(
 
 def _jobs_list(api: Api, args: argparse.Namespace, style: Style) -> int:
     jobs = list_jobs(api, args.queue, args.share, args.status)
-    if args.output == "json":
-        render.dump_json({"jobs": jobs})
-        return 0
-    if not jobs:
-        print("No jobs.")
+    if render.answered(args.output, "jobs", jobs, "No jobs."):
         return 0
     rows = [
         [
@@ -240,8 +236,6 @@ def format_job(job: dict[str, Any], style: Style) -> str:
 
 
 def _jobs_update_priority(api: Api, args: argparse.Namespace, style: Style) -> int:
-    if not 0 <= args.priority <= 9999:
-        raise CliError("PRIORITY must be between 0 and 9999")
     before = api.call("describe_service_job", jobId=args.job)
     out = api.call("update_service_job", jobId=args.job, schedulingPriority=args.priority)
     if args.output == "json":
@@ -279,11 +273,7 @@ def configure_shares(parser: argparse.ArgumentParser) -> None:
 
 def shares_command(api: Api, args: argparse.Namespace, style: Style) -> int:
     rows = api.shares(args.queue)
-    if args.output == "json":
-        render.dump_json({"quotaShares": rows})
-        return 0
-    if not rows:
-        print("No quota shares.")
+    if render.answered(args.output, "quotaShares", rows, "No quota shares."):
         return 0
     by_queue: dict[str, list[dict[str, Any]]] = {}
     for row in rows:

@@ -47,11 +47,7 @@ def nodes_command(api: Api, args: argparse.Namespace, style: Style) -> int:
 
 def _list(api: Api, args: argparse.Namespace, style: Style) -> int:
     nodes = api.nodes()
-    if args.output == "json":
-        render.dump_json({"nodes": nodes})
-        return 0
-    if not nodes:
-        print("No nodes.")
+    if render.answered(args.output, "nodes", nodes, "No nodes."):
         return 0
     print(
         render.table(

@@ -93,6 +93,18 @@ def dump_json(data: Any, stream: TextIO | None = None) -> None:
     print(json.dumps(data, indent=2, sort_keys=True, default=str), file=stream or sys.stdout)
 
 
+def answered(output: str, key: str, rows: list[dict[str, Any]], empty: str) -> bool:
+    """Print a list command's answer when it needs no table: JSON (``-o json``), or ``empty`` when
+    there are no rows. ``False``: the caller prints its table."""
+    if output == "json":
+        dump_json({key: rows})
+        return True
+    if not rows:
+        print(empty)
+        return True
+    return False
+
+
 def shorten(text: str | None, width: int = 72) -> str:
     if not text:
         return "-"

@@ -46,8 +46,6 @@ def configure_logs(parser: argparse.ArgumentParser) -> None:
 def submit_command(api: Api, args: argparse.Namespace, style: Style) -> int:
     if bool(args.file) == bool(args.argv):
         args.usage_parser.error("give either -f PAYLOAD.json or -- CMD ... (one of them)")
-    if not 0 <= args.priority <= 9999:
-        raise CliError("--priority must be between 0 and 9999")
     if args.instances is not None and args.instances < 1:
         raise CliError("--instances must be at least 1")
     payload = _payload_file(args) if args.file else _payload_command(args)

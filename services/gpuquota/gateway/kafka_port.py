@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import KW_ONLY, dataclass
 
 from gpuquota.adapters.event_store import EventStore, TransientStoreError
 from gpuquota.adapters.kafka import InputProducer
 from gpuquota.core import ClusterState, evolve
-from gpuquota.gateway.ports import CommandRejected
+from gpuquota.gateway.ports import raise_if_rejected
 from gpuquota.readmodel import ReadModel
-from gpuquota.wire import events as ev
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
 
@@ -97,21 +97,15 @@ class LogProjector:
             await asyncio.sleep(self.poll_seconds)  # the polling interval of the tail
 
 
+@dataclass
 class KafkaCommandPort:
     """``CommandPort`` that produces inputs to Kafka and reports the core's decision when it comes."""
 
-    def __init__(
-        self,
-        producer: InputProducer,
-        pool: str,
-        projector: LogProjector,
-        *,
-        decision_timeout: float = 5.0,
-    ) -> None:
-        self.producer = producer
-        self.pool = pool
-        self.projector = projector
-        self.decision_timeout = decision_timeout
+    producer: InputProducer
+    pool: str
+    projector: LogProjector
+    _: KW_ONLY
+    decision_timeout: float = 5.0
 
     async def send(self, message: SchedulerInput) -> None:
         decided = self.projector.expect(message.event_id)
@@ -125,9 +119,7 @@ class KafkaCommandPort:
             return
         finally:
             self.projector.forget(message.event_id)
-        for event in events:
-            if isinstance(event, ev.InputRejected) and event.input_event_id == message.event_id:
-                raise CommandRejected(event.reason)
+        raise_if_rejected(message, events)
 
 
 async def cancel(task: asyncio.Task[None] | None) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.app import Gateway
 from gpuquota.gateway.edge import json_response as _json
 from gpuquota.gateway.errors import ClientException
@@ -110,9 +111,9 @@ class NodeRoutes:
         return {"nodes": rows}
 
     async def _admin(self, request: web.Request, action: str) -> None:
-        principal = await self.gateway._authenticate(request)
-        if principal is not None and not principal.admin:
-            raise self.gateway._denied(principal, action)
+        principal = await self.gateway.limited_principal(request)
+        if principal is not None:
+            raise denied(principal, action)
 
     async def _list(self, request: web.Request) -> web.Response:
         await self._admin(request, "gpuquota:ListNodes")
@@ -135,20 +136,20 @@ class NodeRoutes:
             if drain
             else self.gateway.make(inp.UndrainNode, node_id=node_id)
         )
-        await self.gateway._send(message)
+        await self.gateway.send(message)
         return {"nodeId": node_id, "state": "DRAINING" if drain else "READY"}
 
     # ----- logs --------------------------------------------------------------------------------
 
     async def _logs(self, request: web.Request) -> web.Response:
-        principal = await self.gateway._authenticate(request)
+        principal = await self.gateway.limited_principal(request)
         ref = urllib.parse.unquote(request.match_info["job"])
-        if principal is not None and not principal.admin:
-            self.gateway._check_job(principal, "gpuquota:GetJobLogs", ref)
+        if principal is not None:
+            check_job(self.gateway, principal, "gpuquota:GetJobLogs", ref)
         return _json(await self.read_logs(ref, request.query.get("attempt"), request.query.get("offset")))
 
     async def read_logs(self, ref: str, attempt: str | None, offset: str | None) -> dict[str, Any]:
-        job = self.gateway._job(ref)
+        job = self.gateway.job(ref)
         number = _integer("attempt", attempt, low=1) if attempt else len(job.attempts)
         start = _integer("offset", offset, low=0) if offset else 0
         out: dict[str, Any] = {"jobId": job.spec.job_id, "status": job.status.value, "offset": start}

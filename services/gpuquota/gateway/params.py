@@ -9,6 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from gpuquota.gateway.errors import ClientException
 
 T = TypeVar("T")
@@ -38,13 +40,16 @@ class Params:
             raise ClientException(f"Missing required parameter: {self._path(key)}")
         return value
 
-    def string(self, key: str, required: bool = False, max_len: int | None = None) -> str | None:
+    def _typed(self, key: str, required: bool, kind: type, expected: str) -> Any:
+        """The value of ``key`` if it is a ``kind`` (``None`` if absent and not ``required``)."""
         value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a string")
-        if max_len is not None and len(value) > max_len:
+        if value is not None and not isinstance(value, kind):
+            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected {expected}")
+        return value
+
+    def string(self, key: str, required: bool = False, max_len: int | None = None) -> str | None:
+        value: str | None = self._typed(key, required, str, "a string")
+        if value is not None and max_len is not None and len(value) > max_len:
             raise ClientException(f"{self._path(key)} must be at most {max_len} characters")
         return value
 
@@ -86,6 +91,13 @@ class Params:
             raise ClientException(f"{self._path(key)} must be {bounds}, got {value}")
         return int(value)
 
+    def ranged(self, key: str, model: type[BaseModel], field: str, required: bool = False) -> int | None:
+        """An integer within the range the wire model ``model`` gives its ``field`` (its one home)."""
+        low = high = None
+        for bound in model.model_fields[field].metadata:
+            low, high = getattr(bound, "ge", low), getattr(bound, "le", high)
+        return self.integer(key, required, low=low, high=high)
+
     def req_integer(self, key: str, low: int | None = None, high: int | None = None) -> int:
         value = self.integer(key, required=True, low=low, high=high)
         assert value is not None
@@ -110,12 +122,8 @@ class Params:
         return value
 
     def obj(self, key: str, required: bool = False) -> Params | None:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected an object")
-        return Params(value, self._path(key))
+        value = self._typed(key, required, dict, "an object")
+        return None if value is None else Params(value, self._path(key))
 
     def req_obj(self, key: str) -> Params:
         value = self.obj(key, required=True)
@@ -123,12 +131,8 @@ class Params:
         return value
 
     def array(self, key: str, required: bool = False, max_items: int | None = None) -> list[Any] | None:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, list):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a list")
-        if max_items is not None and len(value) > max_items:
+        value: list[Any] | None = self._typed(key, required, list, "a list")
+        if value is not None and max_items is not None and len(value) > max_items:
             raise ClientException(f"{self._path(key)} can have at most {max_items} entries")
         return value
 
@@ -154,12 +158,8 @@ class Params:
         return items
 
     def tags(self, key: str = "tags") -> dict[str, str] | None:
-        value = self._get(key, False)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a map")
-        return check_tags(value)
+        value = self._typed(key, False, dict, "a map")
+        return None if value is None else check_tags(value)
 
 
 def check_tags(tags: dict[Any, Any]) -> dict[str, str]:
@@ -188,6 +188,13 @@ def paginate(items: Sequence[T], params: Params) -> tuple[list[T], str | None]:
     if end < len(items):
         next_token = base64.urlsafe_b64encode(json.dumps({"offset": end}).encode()).decode()
     return page, next_token
+
+
+def with_token(out: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """``out`` with ``nextToken`` when there is a next page."""
+    if token:
+        out["nextToken"] = token
+    return out
 
 
 def _token_offset(token: str) -> int:

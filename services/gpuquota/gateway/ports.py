@@ -7,6 +7,7 @@ so it cannot report rejections; the gateway's own validation must catch what it 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from gpuquota.scheduler.shell import SchedulerShell
@@ -33,6 +34,11 @@ class EmbeddedCommandPort:
         self.shell = shell
 
     async def send(self, message: SchedulerInput) -> None:
-        for event in await self.shell.handle(message):
-            if isinstance(event, ev.InputRejected) and event.input_event_id == message.event_id:
-                raise CommandRejected(event.reason)
+        raise_if_rejected(message, await self.shell.handle(message))
+
+
+def raise_if_rejected(message: SchedulerInput, decided: Iterable[ev.SchedulerEvent]) -> None:
+    """``CommandRejected`` with the core's reason if ``decided`` holds the rejection of ``message``."""
+    for event in decided:
+        if isinstance(event, ev.InputRejected) and event.input_event_id == message.event_id:
+            raise CommandRejected(event.reason)

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuquota.sharetable import share_table
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Strategy
 
@@ -263,7 +264,7 @@ class ShareCollector(Collector):
         )
         out = {name: family(f"gpuquota_share_{name}") for name in names}
         state = self.state()
-        for row in rm.share_table():
+        for row in share_table(rm):
             queue, share = row["jobQueue"], row["quotaShareName"]
             limits: dict[str, int] = row["limits"]
             usage: dict[str, int] = row["usage"]

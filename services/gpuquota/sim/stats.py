@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpuquota.readmodel import attribute_lent
+from gpuquota.core.quota import attribute_lent
 
 GROWTH = 1.01
 LOG_GROWTH = math.log(GROWTH)

@@ -16,6 +16,8 @@ from typing import Annotated, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuquota.wire.base import Priority
+
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -28,7 +30,7 @@ class TraceJob(BaseModel):
 
     submitted_at: Seconds
     share: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
-    priority: Annotated[int, Field(ge=0, le=9999)] = 0
+    priority: Priority = 0
     unit: Annotated[str, Field(min_length=1, max_length=128)]
     instances: Annotated[int, Field(ge=1)] = 1
     duration: Seconds

@@ -11,10 +11,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
 Priority = Annotated[int, Field(ge=0, le=9999)]
+"""A job's ``schedulingPriority`` (higher runs first)."""
+QueuePriority = Annotated[int, Field(ge=0, le=1000)]
+"""A job queue's ``priority``."""
 EpochMs = Annotated[int, Field(ge=0)]
 
 
@@ -90,12 +94,27 @@ class SchedulingPolicySpec(Frozen):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+UNITS_ONCE_RULE = "capacityLimits lists a capacityUnit more than once"
+BORROW_LIMIT_RULE = "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
+
+
+def _units_once(limits: tuple[CapacityLimit, ...]) -> None:
+    units = [c.unit for c in limits]
+    if len(set(units)) != len(units):
+        raise PydanticCustomError("capacity_units", UNITS_ONCE_RULE)
+
+
 class ServiceEnvironmentSpec(Frozen):
     name: Name
     state: State = State.ENABLED
     capacity_limits: tuple[CapacityLimit, ...] = ()
     pool: Name = "default"
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceEnvironmentSpec:
+        _units_once(self.capacity_limits)
+        return self
 
 
 class TimeLimitAction(Frozen):
@@ -108,7 +127,7 @@ class TimeLimitAction(Frozen):
 class JobQueueSpec(Frozen):
     name: Name
     state: State = State.ENABLED
-    priority: Annotated[int, Field(ge=0, le=1000)] = 1
+    priority: QueuePriority = 1
     service_environment: Name
     scheduling_policy: Name
     time_limit_actions: tuple[TimeLimitAction, ...] = ()
@@ -124,6 +143,20 @@ class QuotaShareSpec(Frozen):
     in_share_preemption: bool = False
     state: State = State.ENABLED
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> QuotaShareSpec:
+        for index, cap in enumerate(self.capacity_limits):
+            if cap.max_capacity < 1:
+                raise PydanticCustomError(
+                    "max_capacity",
+                    "capacityLimits[{index}].maxCapacity must be at least 1, got {count}",
+                    {"index": index, "count": cap.max_capacity},
+                )
+        _units_once(self.capacity_limits)
+        if self.borrow_limit != -1 and self.strategy is not Strategy.LEND_AND_BORROW:
+            raise PydanticCustomError("borrow_limit", BORROW_LIMIT_RULE)
+        return self
 
     def limit(self, unit: str) -> int | None:
         for cap in self.capacity_limits:

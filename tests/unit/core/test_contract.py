@@ -6,7 +6,6 @@ import typing
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from gpuquota.core.decide import handled_input_types
 from gpuquota.core.evolve import handled_event_types
@@ -57,11 +56,6 @@ def test_every_decided_event_round_trips_through_json(played: list[Harness]) -> 
 
 
 def test_every_input_round_trips_through_json(played: list[Harness]) -> None:
-    invalid = 0
     for h in played:
         for message in h.inputs:
-            try:
-                assert INPUT_ADAPTER.validate_json(message.model_dump_json()) == message
-            except ValidationError:
-                invalid += 1
-    assert invalid == 3  # bad_inputs_are_rejected's out-of-range priorities, built without validation
+            assert INPUT_ADAPTER.validate_json(message.model_dump_json()) == message

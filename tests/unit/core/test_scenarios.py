@@ -9,7 +9,6 @@ checks that folding the recorded events rebuilds the live state and that every e
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
 
 import pytest
 
@@ -25,7 +24,7 @@ from gpuquota.core.hygiene import REBORROW_BACKOFF_TAG as BACKOFF
 from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobQueueSpec, JobSpec, Message, State
+from gpuquota.wire.base import JobQueueSpec, State
 from gpuquota.wire.events import EVENT_ADAPTER
 from tests.builders import (
     CROSS,
@@ -34,7 +33,6 @@ from tests.builders import (
     P4,
     Case,
     Harness,
-    JobBuilder,
     Round,
     ShareBuilder,
     do,
@@ -84,16 +82,6 @@ def two_environments_one_pool() -> Harness:
     h.queue("jq", environment="se1", priority=10).queue("jq2", environment="se2", priority=1)
     h.node("shared", ml_g5_xlarge=2)
     return h.with_shares(share("QS1").limit(2), share("S2").queue("jq2").limit(3))
-
-
-def unvalidated(kind: type[Message]) -> type[Any]:
-    """``kind`` built without validation, as ``Harness.feed``'s message type."""
-    return cast("type[Any]", kind.model_construct)
-
-
-def unchecked(builder: JobBuilder) -> JobSpec:
-    """The job spec without the wire model's validation (to feed the core what a bad producer might)."""
-    return JobSpec.model_construct(created_at=1, **builder.fields)
 
 
 def lab(name: str, limit: int = 1, borrow_limit: int = -1) -> ShareBuilder:
@@ -737,28 +725,23 @@ CASES: dict[str, Case] = {
 
     # ----- bad input --------------------------------------------------------------------------------------
     "bad_inputs_are_rejected": Case("S1, S5.7", Harness.worked_example, [
-        # out-of-range priorities fail the wire models' validation: built unchecked to reach the core
+        # ranges (a priority, a borrowLimit only for LEND_AND_BORROW) are the wire models' to check
+        # (tests/unit/test_rule_homes.py): the core sees only valid inputs and checks business rules
         Round([do.submit(job("u").share("NOPE"), job("q").queue("nojq")),
-               do.feed(unvalidated(inp.SubmitJob), job=unchecked(job("p").priority(10000))),
                do.set_priority("nobody", 1), do.terminate("nobody")],
-              want_status={"u": REJECTED, "q": REJECTED, "p": REJECTED},
+              want_status={"u": REJECTED, "q": REJECTED},
               want_rejected=["Quota share NOPE does not exist", "Job queue nojq does not exist",
-                             "schedulingPriority 10000 is out of range", "Job nobody does not exist",
-                             "Job nobody does not exist"]),
-        Round([do.submit(job("a").share("QS2"), job("a").share("QS1")),
-               do.feed(unvalidated(inp.UpdateJobPriority), job_id="a", priority=-1),
-               do.feed(unvalidated(inp.UpdateJobPriority), job_id="a", priority=10_000)],
+                             "Job nobody does not exist", "Job nobody does not exist"]),
+        Round([do.submit(job("a").share("QS2"), job("a").share("QS1"))],
               want_status={"a": SCHEDULED},
-              want_rejected=["Job a already exists", "out of range", "out of range"]),
+              want_rejected=["Job a already exists"]),
         Round([do.report("node-x", "a", "a#1", "RUNNING"), do.heartbeat("node-x"), do.drain("node-x"),
                do.deregister("node-x"), do.delete_share("NOPE"),
-               do.feed(inp.UpdateQuotaShare, spec=share("NOPE").limit(1).build()),
-               do.feed(inp.UpdateQuotaShare, spec=share("QS2").limit(1).lend_and_borrow(50).lend().build())],
+               do.feed(inp.UpdateQuotaShare, spec=share("NOPE").limit(1).build())],
               want_status={"a": SCHEDULED},
               want_rejected=["Attempt a#1 is not placed on node node-x", "Node node-x is not registered",
                              "Node node-x is not registered", "Node node-x is not registered",
-                             "Quota share NOPE does not exist", "Quota share NOPE does not exist",
-                             "borrowLimit can only be set for the LEND_AND_BORROW strategy"]),
+                             "Quota share NOPE does not exist", "Quota share NOPE does not exist"]),
         Round([do.report("node-0", "a", "a#7", "RUNNING")], want=[expect.last_events("AttemptFenced")],
               want_status={"a": SCHEDULED}),
     ]),

@@ -30,8 +30,8 @@ class QueuedPort:
 async def test_created_resources_are_pending_until_their_event() -> None:
     rm, port = ReadModel(), QueuedPort()
     gateway = Gateway(rm, port)
-    await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
-    policy = await gateway.op_DescribeSchedulingPolicies(Params({"arns": ["p"]}))
+    await gateway.call("CreateSchedulingPolicy", Params({"name": "p"}))
+    policy = await gateway.call("DescribeSchedulingPolicies", Params({"arns": ["p"]}))
     assert policy["schedulingPolicies"][0]["name"] == "p"
     assert rm.policies["p"].status == "CREATING"
     (message,) = port.sent
@@ -45,7 +45,7 @@ async def test_rejections_restore_the_previous_view() -> None:
     gateway = Gateway(rm, port)
     port.reject = "Scheduling policy p is broken"
     with pytest.raises(ClientException, match="Scheduling policy p is broken"):
-        await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
+        await gateway.call("CreateSchedulingPolicy", Params({"name": "p"}))
     assert "p" not in rm.policies
 
 
@@ -75,15 +75,16 @@ SHARE = {
 async def test_shares_need_a_valid_queue_and_jobs_are_visible_when_submitted() -> None:
     rm, port = ReadModel(), QueuedPort()
     gateway = Gateway(rm, port, clock=lambda: 5)
-    await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
-    await gateway.op_CreateServiceEnvironment(
+    await gateway.call("CreateSchedulingPolicy", Params({"name": "p"}))
+    await gateway.call(
+        "CreateServiceEnvironment",
         Params(
             {
                 "serviceEnvironmentName": "se",
                 "serviceEnvironmentType": "SAGEMAKER_TRAINING",
                 "capacityLimits": [{"capacityUnit": "ml.g5.xlarge", "maxCapacity": 1}],
             }
-        )
+        ),
     )
     confirm(rm, port)
     queue = {
@@ -92,12 +93,12 @@ async def test_shares_need_a_valid_queue_and_jobs_are_visible_when_submitted() -
         "schedulingPolicyArn": "p",
         "serviceEnvironmentOrder": [{"order": 1, "serviceEnvironment": "se"}],
     }
-    await gateway.op_CreateJobQueue(Params(queue))
+    await gateway.call("CreateJobQueue", Params(queue))
     assert rm.queues["jq"].status == "CREATING"
     with pytest.raises(ClientException, match="VALID job queue"):
-        await gateway.op_CreateQuotaShare(Params(SHARE))
+        await gateway.call("CreateQuotaShare", Params(SHARE))
     confirm(rm, port)
-    await gateway.op_CreateQuotaShare(Params(SHARE))
+    await gateway.call("CreateQuotaShare", Params(SHARE))
     confirm(rm, port)
     body = {
         "jobName": "j",
@@ -106,13 +107,13 @@ async def test_shares_need_a_valid_queue_and_jobs_are_visible_when_submitted() -
         "quotaShareName": "QS1",
         "serviceRequestPayload": json.dumps({"ResourceConfig": {"InstanceType": "ml.g5.xlarge"}}),
     }
-    submitted = await gateway.op_SubmitServiceJob(Params(body))
-    described = await gateway.op_DescribeServiceJob(Params({"jobId": submitted["jobId"]}))
+    submitted = await gateway.call("SubmitServiceJob", Params(body))
+    described = await gateway.call("DescribeServiceJob", Params({"jobId": submitted["jobId"]}))
     assert described["status"] == "SUBMITTED" and described["createdAt"] == 5
     (message,) = port.sent
     assert isinstance(message, inp.SubmitJob)
     rm.apply(ev.JobAccepted(event_id="x/0", occurred_at=6, job=message.job))
-    described = await gateway.op_DescribeServiceJob(Params({"jobId": submitted["jobArn"]}))
+    described = await gateway.call("DescribeServiceJob", Params({"jobId": submitted["jobArn"]}))
     assert described["status"] == "RUNNABLE"
 
 
@@ -131,16 +132,16 @@ async def test_a_rejection_after_the_answer_restores_the_previous_view() -> None
     rejection event alone restores the view, also under a later command pending on the same resource."""
     rm, port = ReadModel(), QueuedPort()
     gateway = Gateway(rm, port)
-    await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
+    await gateway.call("CreateSchedulingPolicy", Params({"name": "p"}))
     (create,) = port.sent
     rm.apply(rejected(create, 0))
     assert "p" not in rm.policies
     port.sent.clear()
-    await gateway.op_CreateSchedulingPolicy(Params({"name": "p"}))
+    await gateway.call("CreateSchedulingPolicy", Params({"name": "p"}))
     confirm(rm, port)
     fifo = {"idleResourceAssignmentStrategy": "FIFO"}
-    await gateway.op_UpdateSchedulingPolicy(Params({"arn": "p", "quotaSharePolicy": fifo}))
-    await gateway.op_DeleteSchedulingPolicy(Params({"arn": "p"}))
+    await gateway.call("UpdateSchedulingPolicy", Params({"arn": "p", "quotaSharePolicy": fifo}))
+    await gateway.call("DeleteSchedulingPolicy", Params({"arn": "p"}))
     update, delete = port.sent
     assert rm.policies["p"].status == "DELETING"
     rm.apply(rejected(update, 1))  # under the pending delete

@@ -11,7 +11,9 @@ from typing import Any
 from gpuquota.adapters.event_store import InMemoryEventStore, TransientStoreError
 from gpuquota.adapters.sqlite_store import SqliteEventStore
 from gpuquota.core import fingerprint
+from gpuquota.gateway.render import describe_job
 from gpuquota.scheduler.shell import SchedulerShell
+from gpuquota.sharetable import share_table
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
@@ -224,8 +226,8 @@ async def test_recover_rebuilds_state_and_read_model(tmp_path: Path) -> None:
     shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
     await _history(shell)
     expected_state = fingerprint(shell.state)
-    expected_jobs = {j: shell.read_model.describe_job(v) for j, v in shell.read_model.jobs.items()}
-    expected_usage = shell.read_model.share_table()
+    expected_jobs = {j: describe_job(shell.read_model.arns, v) for j, v in shell.read_model.jobs.items()}
+    expected_usage = share_table(shell.read_model)
     await store.close()
 
     store = await SqliteEventStore.open(tmp_path / "events.sqlite3")
@@ -235,9 +237,9 @@ async def test_recover_rebuilds_state_and_read_model(tmp_path: Path) -> None:
         assert again.seq == shell.seq
         assert fingerprint(again.state) == expected_state
         assert {
-            j: again.read_model.describe_job(v) for j, v in again.read_model.jobs.items()
+            j: describe_job(again.read_model.arns, v) for j, v in again.read_model.jobs.items()
         } == expected_jobs
-        assert again.read_model.share_table() == expected_usage
+        assert share_table(again.read_model) == expected_usage
         # and it goes on from there
         assert await submit(again, "e")
         assert again.seq == shell.seq + 1
@@ -304,7 +306,7 @@ async def test_concurrent_inputs_share_commits_and_decide_as_in_sequence() -> No
     expected = [await one_by_one.handle(m) for m in messages]
     assert [[type(e) for e in r] for r in results] == [[type(e) for e in r] for r in expected]
     assert fingerprint(shell.state) == fingerprint(one_by_one.state) == await rebuilt(store)
-    assert shell.read_model.share_table() == one_by_one.read_model.share_table()
+    assert share_table(shell.read_model) == share_table(one_by_one.read_model)
 
 
 async def test_a_failed_batch_is_redone_one_input_at_a_time() -> None:

@@ -24,7 +24,9 @@ from aiohttp import web
 from gpuquota.gateway.auth import AccessDenied
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
+from gpuquota.gateway.render import job_brief
 from gpuquota.observe.metrics import share_maximum
+from gpuquota.sharetable import share_table
 
 if TYPE_CHECKING:
     from gpuquota.core.state import ClusterState
@@ -79,7 +81,7 @@ class Console:
     async def _overview(self, _: web.Request) -> web.Response:
         rm = self.gateway.rm
         shares = []
-        for row in rm.share_table():
+        for row in share_table(rm):
             queued: dict[str, int] = {}
             for key in rm.runnable.get((row["jobQueue"], row["quotaShareName"]), ()):
                 job = rm.jobs.get(key[2])
@@ -133,18 +135,11 @@ class Console:
         return _json({"jobs": rows, "readOnly": self.read_only})
 
     def _summary(self, job: JobView) -> dict[str, Any]:
-        spec = job.spec
         return {
-            "jobId": spec.job_id,
-            "jobName": spec.job_name,
-            "jobQueue": spec.job_queue,
-            "quotaShareName": spec.quota_share,
-            "status": job.status.value,
-            "statusReason": job.status_reason,
-            "schedulingPriority": job.priority,
-            "unit": spec.unit,
-            "count": spec.count,
-            "createdAt": spec.created_at,
+            **job_brief(job),
+            "unit": job.spec.unit,
+            "count": job.spec.count,
+            "createdAt": job.spec.created_at,
             "preemptedAttemptCount": job.preempted_count,
         }
 
@@ -224,14 +219,16 @@ class Console:
         body = await _body(request)
         job_id = unquote(request.match_info["job"])
         params = Params({"jobId": job_id, "schedulingPriority": body.get("priority")})
-        return _json(await self.gateway.op_UpdateServiceJob(params))
+        return _json(await self.gateway.call("UpdateServiceJob", params))
 
     async def _terminate(self, request: web.Request) -> web.Response:
         self._writable()
         body = await _body(request)
         job_id = unquote(request.match_info["job"])
         reason = str(body.get("reason") or "Terminated from the gpuquota console")
-        return _json(await self.gateway.op_TerminateServiceJob(Params({"jobId": job_id, "reason": reason})))
+        return _json(
+            await self.gateway.call("TerminateServiceJob", Params({"jobId": job_id, "reason": reason}))
+        )
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
