@@ -224,3 +224,24 @@ def test_the_background_sweeps_answer_as_the_synchronous_ones(monkeypatch: Any) 
             c.state, c.read_model, name, 1_000
         ), name
     assert fingerprint(c.state) == before
+
+
+def test_while_the_sweeps_rest_the_last_ones_answer_and_say_how_old(monkeypatch: Any) -> None:
+    from gpuquota.sim import background
+
+    c = cluster(timeout=300)
+    estimator = background.BackgroundEstimator()
+    assert estimator.estimate(c.state, c.read_model, "r2", 70_000) is not None
+    run = estimator.current
+    assert run is not None
+    with estimator.changed:
+        estimator.changed.wait_for(lambda: run.over, timeout=60)
+    monkeypatch.setattr(background, "_resting", lambda _: True)
+    c.submit("r3", 71_000)  # a new state version
+    found = estimator.estimate(c.state, c.read_model, "r2", 72_000)
+    assert estimator.current is run and found is not None
+    assert found["likelyStartAt"] == 90_000 and found["estimatedAt"] == 70_000
+    assert found["assumptions"][-1].startswith("estimated from the state 1 event(s) ago")
+    # a job the resting sweeps never saw gets the synchronous estimate
+    newer = estimator.estimate(c.state, c.read_model, "r3", 72_000)
+    assert newer is not None and newer["estimatedAt"] == 72_000

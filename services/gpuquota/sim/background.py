@@ -8,8 +8,10 @@ and runs both sweeps on the copy in a daemon thread, publishing each job's start
 it. An estimate answers from the run of the newest state version asked about: at once when the run
 has reached the job, else after waiting for it at most ``BUDGET_S`` (then "after" the virtual time
 the run has reached, as the synchronous estimate does). At most one run is in flight; a newer state
-version starts a new run once it is done, and meanwhile the finished run answers, saying how old it
-is. The copy is private to the thread: the scheduler's state is never touched.
+version starts a new run once it is done and as long after as it took (so that the thread, which
+shares the interpreter's lock with the scheduler, sweeps at most half the time); meanwhile the
+finished run answers, saying how old it is. The copy is private to the thread: the scheduler's state
+is never touched.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class Run:
     unbounded: list[int] = field(default_factory=lambda: [0, 0])
     done: list[bool] = field(default_factory=lambda: [False, False])
     failed: bool = False
+    began_s: float = field(default_factory=time.perf_counter)
+    ended_s: float | None = None
+    """``time.perf_counter()`` when the run began and ended (in the worker)."""
 
     @property
     def over(self) -> bool:
@@ -66,6 +71,11 @@ class Run:
                 "(a newer estimate is running)"
             )
         return found
+
+
+def _resting(run: Run) -> bool:
+    """Whether a new run must wait: as long after the last one as that one took."""
+    return run.ended_s is not None and time.perf_counter() - run.ended_s < run.ended_s - run.began_s
 
 
 def _pickled(state: ClusterState) -> bytes:
@@ -119,6 +129,8 @@ class BackgroundEstimator:
                 return current  # one run at a time: it answers, however old
             if current.version == version and now - current.estimated_at <= sync.MAX_AGE_MS:
                 return current
+            if _resting(current):
+                return current  # the thread sweeps at most half the time: the scheduler needs the rest
         waiting = frozenset(j.job_id for j in state.jobs.values() if j.status is JobStatus.RUNNABLE)
         run = Run(version, state.applied, now, sync.observed_medians(read_model), waiting)
         run.reached = [now, now]
@@ -146,6 +158,7 @@ class BackgroundEstimator:
                 with self.changed:
                     run.done[index] = True
                     self.changed.notify_all()
+            run.ended_s = time.perf_counter()
             self.finished = run
         except Exception:
             sync.log.exception("background start estimate failed")
