@@ -6,6 +6,10 @@ finished jobs. Times the estimate (``gpuquota.sim.estimate.estimate``, what the 
 of the head of a share's queue, of a job halfway down one, and of the last queued job of the pool.
 The estimate has a time budget (``gpuquota.sim.estimate.BUDGET_S``): ``*_finished_in_budget`` says
 whether it found the start within it; if not, ``*_likely_wait_s`` is how far it got (a lower bound).
+``first_*``, ``background_sweeps_s``, ``sample_*``: as the gateway estimates (``BackgroundEstimator``),
+the deepest job is asked first (its answer waits at most the budget while the sweeps start on a copy
+in a thread); once the sweeps are done, 100 jobs picked evenly over every depth of the share queues;
+``sample_answered`` counts those with a likely start.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from benchmarks.report import print_result
 from gpuquota import _native
 from gpuquota.core import ClusterState, step
 from gpuquota.readmodel import ReadModel
+from gpuquota.sim.background import BackgroundEstimator
 from gpuquota.sim.config import Configuration
 from gpuquota.sim.estimate import estimate
 from gpuquota.wire import inputs as inp
@@ -37,6 +42,7 @@ UNIT = "ml.p5.48xlarge"
 POOL = 1_000
 SHARES = 20
 FINISHED = 500
+SAMPLE = 100
 STRATEGIES = (Strategy.RESERVE, Strategy.LEND, Strategy.LEND_AND_BORROW, Strategy.LEND_AND_BORROW)
 
 
@@ -137,8 +143,45 @@ def run(queued: int, seed: int, repeat: int) -> dict[str, Any]:
         reached = found["likelyNotBefore"]
         result[f"{label}_finished_in_budget"] = likely is not None
         result[f"{label}_likely_wait_s"] = round(((likely if likely is not None else reached) - now) / 1000)
+    result.update(sampled(cluster, now))
     result["core"] = _native.core_mode()
     return result
+
+
+def sampled(cluster: Cluster, now: int, size: int = SAMPLE) -> dict[str, Any]:
+    """Estimates of ``size`` jobs spread over every depth of every share's queue, as the gateway's
+    explainer makes them (``BackgroundEstimator``): the first asks for the deepest job and starts the
+    sweeps on a copy; once they are done, every estimate is a look-up."""
+    queues = [list(share.queue) for share in cluster.state.shares.values() if share.queue]
+    depths = sorted(((i, key[2]) for queue in queues for i, key in enumerate(queue)), key=lambda d: d[0])
+    picks = [depths[round(k * (len(depths) - 1) / max(1, size - 1))] for k in range(size)]
+    estimator = BackgroundEstimator()
+    started = time.perf_counter()
+    first = estimator.estimate(cluster.state, cluster.read_model, picks[-1][1], now)
+    first_ms = (time.perf_counter() - started) * 1000
+    run = estimator.current
+    assert run is not None and first is not None
+    while not run.over:
+        time.sleep(0.05)
+    swept_s = time.perf_counter() - started
+    timings, answered = [], 0
+    for _, job_id in picks:
+        started = time.perf_counter()
+        found = estimator.estimate(cluster.state, cluster.read_model, job_id, now)
+        timings.append((time.perf_counter() - started) * 1000)
+        answered += found is not None and found["likelyStartAt"] is not None
+    ordered = sorted(timings)
+    return {
+        "first_ms": round(first_ms, 1),
+        "first_answered": first["likelyStartAt"] is not None,
+        "background_sweeps_s": round(swept_s, 2),
+        "sample_jobs": len(picks),
+        "sample_max_depth": picks[-1][0],
+        "sample_p50_ms": round(ordered[len(ordered) // 2], 3),
+        "sample_p99_ms": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))], 3),
+        "sample_max_ms": round(ordered[-1], 3),
+        "sample_answered": answered,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """The web console (I7) in a real browser: the worked example's shares with the right figures, updated
-live; a job's explanation; a priority changed from the page and the preemption it causes.
+live; a job's explanation and start estimate; a priority changed from the page and the preemption it causes.
 
 Screenshots of each page are taken every run; ``UPDATE_SCREENSHOTS=1`` writes them to docs/img/ (shown in
 the README and docs/operations.md).
@@ -125,6 +125,16 @@ def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> 
         message = explained["explanation"]["message"]
         assert message
         until(browser, text_of(By.CSS_SELECTOR, "#job-explanation .message", message))
+        # and when it should start: the estimate of gpuquota explain, with what it assumed
+        until(browser, lambda b: b.find_element(By.ID, "likely-start").text.endswith(")"))
+        estimate_box = browser.find_element(By.ID, "job-estimate").text
+        assert "likely start" in estimate_box and "latest start" in estimate_box
+        assert browser.find_element(By.ID, "latest-start").text == "no bound"  # no job has a timeout
+        assumed = [
+            li.text for li in browser.find_elements(By.CSS_SELECTOR, "#job-estimate ul.assumptions li")
+        ]
+        assert "no new submissions; preempted jobs stop at once" in assumed
+        assert any(line.startswith("likely: running jobs end at") for line in assumed)
 
         # step 3 from the page: qs1_job_low's priority 1 -> 4 preempts qs1_job_high (in-share)
         field = browser.find_element(By.ID, "priority")

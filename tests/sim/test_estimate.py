@@ -124,23 +124,124 @@ def test_gpuquota_explain_shows_the_estimate(capsys: Any) -> None:
 
 
 def test_an_estimate_out_of_time_says_how_far_it_got() -> None:
-    from gpuquota.sim.estimate import forward, likely_end
+    from gpuquota.sim.estimate import likely_end, trial_sweep
 
     c = cluster(timeout=300)
     before = fingerprint(c.state)
-    with c.state.trial():
-        cut = forward(c.state, "r2", 70_000, likely_end({}), budget_s=0.0)
-    assert cut.start_at is None and cut.not_before == 70_000
+    cut = trial_sweep(c.state, 70_000, likely_end({}), budget_s=0.0)
+    assert "r2" not in cut.starts and cut.not_before == 70_000
     assert fingerprint(c.state) == before
 
 
 def test_a_failing_estimate_leaves_the_explanation(monkeypatch: Any) -> None:
-    import gpuquota.sim.estimate as module
-
     def broken(*_: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(module, "estimate", broken)
+    from gpuquota.sim.background import BackgroundEstimator
+
+    monkeypatch.setattr(BackgroundEstimator, "estimate", broken)
     c = cluster(timeout=None)
     found = estimating_explainer(lambda: c.state, c.read_model, lambda: 70_000)("r2")
     assert found is not None and found.reason == "WAITING_FOR_OWN_QUOTA" and found.estimate is None
+
+
+def deep_queue() -> tuple[Cluster, dict[tuple[str, int], list[str]]]:
+    """303 jobs in three shares, two priorities; the first three run (10 min timeouts)."""
+    c = Cluster()
+    order: dict[tuple[str, int], list[str]] = {}
+    for index in range(303):
+        share, priority = ("QS1", "QS2", "QS3")[index % 3], (index // 3) % 2
+        name = f"j{index:03d}"
+        job = JobSpec(
+            job_id=name,
+            job_name=name,
+            job_queue=QUEUE,
+            quota_share=share,
+            priority=priority,
+            unit="ml.g5.xlarge",
+            created_at=index,
+            attempt_duration_seconds=600,
+        )
+        c.feed(inp.SubmitJob, index, job=job)
+        if index >= 3:  # the first three run
+            order.setdefault((share, priority), []).append(name)
+    return c, order
+
+
+def test_one_sweep_answers_for_a_deep_queue_consistently(monkeypatch: Any) -> None:
+    """300 jobs wait in three shares; the deepest gets a start, and within a share and priority the
+    starts follow the queue's order. Every job of one state version comes from the same sweeps."""
+    import gpuquota.sim.estimate as module
+
+    monkeypatch.setattr(module, "LIKELY_BUDGET_S", 60.0)  # no time budget: the answer, not the speed
+    monkeypatch.setattr(module, "BUDGET_S", 120.0)
+    c, order = deep_queue()
+    estimator = module.Estimator()
+    before = fingerprint(c.state)
+    answers = {
+        name: estimator.estimate(c.state, c.read_model, name, 1_000)
+        for names in order.values()
+        for name in names
+    }
+    assert fingerprint(c.state) == before
+    sweeps = estimator.sweeps
+    assert sweeps is not None and sweeps.estimated_at == 1_000
+    for (share, priority), names in order.items():
+        likely = [answers[n]["likelyStartAt"] for n in names]  # type: ignore[index]
+        latest = [answers[n]["latestStartAt"] for n in names]  # type: ignore[index]
+        assert None not in likely and None not in latest, (share, priority)
+        assert likely == sorted(likely) and latest == sorted(latest), (share, priority)
+    deepest = order[("QS3", 0)][-1]
+    assert answers[deepest]["latestStartAt"] >= 600_000  # type: ignore[index]
+    # the same state version: a look-up; a new event: new sweeps
+    assert estimator.estimate(c.state, c.read_model, deepest, 2_000) == answers[deepest]
+    c.succeed("j000", 2_000)
+    assert estimator.estimate(c.state, c.read_model, deepest, 2_000) is not None
+    assert estimator.sweeps is not sweeps
+
+
+def test_the_background_sweeps_answer_as_the_synchronous_ones(monkeypatch: Any) -> None:
+    """The gateway's estimator sweeps a copy in a thread: once it is done, every waiting job's answer
+    is the one the sweeps on the scheduler's own state (in a trial) give, and the state is untouched."""
+    import gpuquota.sim.estimate as module
+    from gpuquota.sim.background import BackgroundEstimator
+
+    monkeypatch.setattr(module, "LIKELY_BUDGET_S", 60.0)
+    monkeypatch.setattr(module, "BUDGET_S", 120.0)
+    c, order = deep_queue()
+    names = [name for group in order.values() for name in group]
+    before = fingerprint(c.state)
+    background = BackgroundEstimator()
+    first = background.estimate(c.state, c.read_model, names[-1], 1_000)
+    run = background.current
+    assert first is not None and run is not None
+    with background.changed:
+        background.changed.wait_for(lambda: run.over, timeout=60)
+    assert run.over and not run.failed
+    synchronous = module.Estimator()
+    for name in names:
+        assert background.estimate(c.state, c.read_model, name, 1_000) == synchronous.estimate(
+            c.state, c.read_model, name, 1_000
+        ), name
+    assert fingerprint(c.state) == before
+
+
+def test_while_the_sweeps_rest_the_last_ones_answer_and_say_how_old(monkeypatch: Any) -> None:
+    from gpuquota.sim import background
+
+    c = cluster(timeout=300)
+    estimator = background.BackgroundEstimator()
+    assert estimator.estimate(c.state, c.read_model, "r2", 70_000) is not None
+    run = estimator.current
+    assert run is not None
+    with estimator.changed:
+        estimator.changed.wait_for(lambda: run.over, timeout=60)
+    monkeypatch.setattr(background, "_resting", lambda _: True)
+    c.submit("r3", 71_000)  # a new state version
+    found = estimator.estimate(c.state, c.read_model, "r2", 72_000)
+    assert estimator.current is run and found is not None
+    assert found["likelyStartAt"] == 90_000 and found["estimatedAt"] == 70_000
+    assert found["assumptions"][-1].startswith("estimated from the state 1 event(s) ago")
+    # a job the resting sweeps never saw gets the synchronous estimate
+    newer = estimator.estimate(c.state, c.read_model, "r3", 72_000)
+    assert newer is not None and newer["estimatedAt"] == 72_000

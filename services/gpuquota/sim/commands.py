@@ -54,7 +54,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     from gpuquota.sim import plot, report
     from gpuquota.sim.config import load_configuration
     from gpuquota.sim.engine import simulate, stderr_progress
-    from gpuquota.sim.trace import read_trace
+    from gpuquota.sim.prefetch import trace_reader
 
     if args.plot:
         plot.check_target(args.plot)
@@ -64,7 +64,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     results = []
     for config in configs:
         progress = None if args.quiet else stderr_progress(config.name)
-        results.append(simulate(config, read_trace(args.trace), progress=progress))
+        results.append(simulate(config, trace_reader(args.trace), progress=progress))
     if args.output == "json":
         print(json.dumps(report.as_json(results), indent=2))
     else:

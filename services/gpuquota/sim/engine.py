@@ -30,17 +30,20 @@ from gpuquota.core import ClusterState, step
 from gpuquota.core.context import construct
 from gpuquota.ctl.api import CliError
 from gpuquota.sim.config import Configuration
+from gpuquota.sim.prefetch import TraceRow
 from gpuquota.sim.stats import Sampler, ShareCounters, UnitLedger
 from gpuquota.sim.trace import TraceJob
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobSpec
 
-SUBMIT, END, STOP = 0, 1, 2
+END, STOP = 1, 2
 HEARTBEAT_TIMEOUT_MS = 2**62
 """Virtual nodes never miss a heartbeat (the engine sends no ticks)."""
 Progress = Callable[[int, int], None]
 """``progress(jobs submitted, virtual now ms)``."""
+Job = TraceJob | TraceRow
+"""A trace's job: read here, or by ``gpuquota.sim.prefetch`` in a child process."""
 Decision = tuple[str, str]
 """(``"dispatch"`` | ``"preempt"``, job id): the decision sequence, for the fidelity test."""
 
@@ -60,7 +63,7 @@ class SimJob:
         "waited",
     )
 
-    def __init__(self, trace: TraceJob, index: int, submitted: int) -> None:
+    def __init__(self, trace: Job, index: int, submitted: int) -> None:
         self.index = index
         self.unit = trace.unit
         self.count = trace.instances
@@ -105,7 +108,8 @@ class Replay:
     record_decisions: bool = False
     progress: Progress | None = None
     state: ClusterState = field(default_factory=lambda: ClusterState(HEARTBEAT_TIMEOUT_MS))
-    heap: list[tuple[int, int, int, Any, str]] = field(default_factory=list)
+    heap: list[tuple[int, int, int, str, str]] = field(default_factory=list)
+    """(time, order of scheduling, END | STOP, job id, attempt id)."""
     jobs: dict[str, SimJob] = field(default_factory=dict)
     now: int = 0
     seq: int = 0
@@ -133,15 +137,13 @@ class Replay:
 
     # ----- driving ----------------------------------------------------------------------------
 
-    def run(self, trace: Iterable[TraceJob]) -> Result:
+    def run(self, trace: Iterable[Job]) -> Result:
         started = time.perf_counter()
         jobs = iter(trace)
         first = next(jobs, None)
         self.now = 0 if first is None else round(first.submitted_at * 1000)
         start_ms = self.now
         self._setup(start_ms)
-        if first is not None:
-            self._push(start_ms, SUBMIT, first, "")
         from gpuquota.embedded import GC_THRESHOLDS  # the shells' setting: long-lived records
 
         thresholds = gc.get_threshold()
@@ -149,7 +151,7 @@ class Replay:
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         try:
-            self._loop(jobs)
+            self._loop(first, jobs)
         finally:
             gc.unfreeze()
             gc.set_threshold(*thresholds)
@@ -166,35 +168,46 @@ class Replay:
             lends = [s.strategy.value != "RESERVE" for s in self.config.shares]
             self.ledgers[unit] = UnitLedger(capacity, limits[unit], lends, start_ms)
 
-    def _loop(self, trace: Iterator[TraceJob]) -> None:
-        heap, pop = self.heap, heapq.heappop
+    def _loop(self, upcoming: Job | None, trace: Iterator[Job]) -> None:
+        """The next submission waits beside the heap, not in it (one push and pop less per job); it
+        keeps its place in the order of scheduling (``upcoming_seq``) for equal times."""
+        heap, pop, jobs, report = self.heap, heapq.heappop, self.jobs, self._report
         submitted = 0
-        while heap:
-            at, _, kind, subject, attempt_id = pop(heap)
-            self.now = at
-            if kind == SUBMIT:
-                self._submit(subject, submitted)
-                submitted += 1
-                following = next(trace, None)
-                if following is not None:
-                    self._push(round(following.submitted_at * 1000), SUBMIT, following, "")
-                if self.progress is not None and submitted % 65_536 == 0:
-                    self.progress(submitted, at)
-            else:
-                job = self.jobs.get(subject)
-                if job is not None and job.attempt_id == attempt_id:
-                    self._report(subject, job, kind)
-
-    def _push(self, at: int, kind: int, subject: Any, attempt_id: str) -> None:
+        upcoming_at = 0 if upcoming is None else round(upcoming.submitted_at * 1000)
         self.seq += 1
-        heapq.heappush(self.heap, (at, self.seq, kind, subject, attempt_id))
+        upcoming_seq = self.seq
+        while upcoming is not None or heap:
+            if upcoming is not None and (
+                not heap
+                or upcoming_at < heap[0][0]
+                or (upcoming_at == heap[0][0] and upcoming_seq < heap[0][1])
+            ):
+                self.now = upcoming_at
+                self._submit(upcoming, submitted)
+                submitted += 1
+                upcoming = next(trace, None)
+                if upcoming is not None:
+                    upcoming_at = round(upcoming.submitted_at * 1000)
+                    self.seq += 1
+                    upcoming_seq = self.seq
+                if self.progress is not None and submitted % 65_536 == 0:
+                    self.progress(submitted, self.now)
+                continue
+            at, _, kind, job_id, attempt_id = pop(heap)
+            self.now = at
+            job = jobs.get(job_id)
+            if job is not None and job.attempt_id == attempt_id:
+                report(job_id, job, kind)
+
+    def _push(self, at: int, kind: int, job_id: str, attempt_id: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, job_id, attempt_id))
 
     def _feed(self, kind: type[Any], fields: dict[str, Any]) -> list[ev.SchedulerEvent]:
         self.inputs += 1
         fields["event_id"] = str(self.inputs)
         fields["occurred_at"] = self.now
-        message = construct(kind, fields)
-        events = step(self.state, message)
+        events = step(self.state, construct(kind, fields))
         self.events += len(events)
         handlers = self._on_event
         for event in events:
@@ -203,29 +216,25 @@ class Replay:
                 handler(event)
         return events
 
-    def _submit(self, trace: TraceJob, serial: int) -> None:
-        job_id = f"j{serial}"
+    def _submit(self, trace: Job, serial: int) -> None:
         index = self.share_index.get(trace.share)
         if index is None:
             self.unmatched += 1  # a share this configuration does not have
             return
+        job_id = f"j{serial}"
         counters = self.counters[index]
         counters.submitted += 1
-        job = SimJob(trace, index, self.now)
-        self.jobs[job_id] = job
+        job = self.jobs[job_id] = SimJob(trace, index, self.now)
         spec = _job_spec(
-            {
-                "job_id": job_id,
-                "job_name": trace.job_name or job_id,
-                "job_queue": self.queue,
-                "quota_share": trace.share,
-                "priority": trace.priority,
-                "unit": trace.unit,
-                "count": trace.instances,
-                "created_at": self.now,
-                "preemption_retries": trace.preemption_retries,
-                "tags": {},
-            }
+            job_id,
+            trace.job_name or job_id,
+            self.queue,
+            trace.share,
+            trace.priority,
+            job.unit,
+            job.count,
+            self.now,
+            trace.preemption_retries,
         )
         self._feed(inp.SubmitJob, {"job": spec})
         if job_id in self.jobs and job_id not in self.state.jobs:
@@ -233,28 +242,24 @@ class Replay:
             del self.jobs[job_id]
 
     def _report(self, job_id: str, job: SimJob, kind: int) -> None:
+        fields: dict[str, Any] = {"node_id": job.node_id, "job_id": job_id, "attempt_id": job.attempt_id}
         if kind == STOP:
-            status, exit_code = "STOPPED", None
+            fields["status"] = "STOPPED"
         else:
-            status, exit_code = ("SUCCEEDED" if job.exit_code == 0 else "FAILED"), job.exit_code
-        fields: dict[str, Any] = {
-            "node_id": job.node_id,
-            "job_id": job_id,
-            "attempt_id": job.attempt_id,
-            "status": status,
-        }
-        if exit_code is not None:
-            fields["exit_code"] = exit_code
+            fields["status"] = "SUCCEEDED" if job.exit_code == 0 else "FAILED"
+            fields["exit_code"] = job.exit_code
         self._feed(inp.AttemptReport, fields)
 
     # ----- what the core decided --------------------------------------------------------------
 
     def _use(self, job: SimJob, delta: int) -> None:
-        self.samples.observe(self.now, self.usage)
+        now, samples = self.now, self.samples
+        if samples.next_at is None or samples.next_at <= now:
+            samples.observe(now, self.usage)
         self.usage[job.index] += delta
         ledger = self.ledgers.get(job.unit)
         if ledger is not None:
-            ledger.change(self.now, job.index, delta)
+            ledger.change(now, job.index, delta)
 
     def _dispatched(self, event: ev.JobDispatched) -> None:
         job = self.jobs[event.job_id]
@@ -356,11 +361,30 @@ _JOB_SPEC_DEFAULTS = {
 _JOB_SPEC_FIELDS = set(JobSpec.model_fields)
 
 
-def _job_spec(fields: dict[str, Any]) -> JobSpec:
+def _job_spec(
+    job_id: str,
+    name: str,
+    queue: str,
+    share: str,
+    priority: int,
+    unit: str,
+    count: int,
+    now: int,
+    preemption_retries: int | None,
+) -> JobSpec:
     """``JobSpec.model_construct`` without its per-field work (a trace's values are validated already):
     pydantic's own takes longer than the core's decision on the job."""
     values = _JOB_SPEC_DEFAULTS.copy()
-    values.update(fields)
+    values["job_id"] = job_id
+    values["job_name"] = name
+    values["job_queue"] = queue
+    values["quota_share"] = share
+    values["priority"] = priority
+    values["unit"] = unit
+    values["count"] = count
+    values["created_at"] = now
+    values["preemption_retries"] = preemption_retries
+    values["tags"] = {}
     spec = JobSpec.__new__(JobSpec)
     object.__setattr__(spec, "__dict__", values)
     object.__setattr__(spec, "__pydantic_fields_set__", _JOB_SPEC_FIELDS)
@@ -371,7 +395,7 @@ def _job_spec(fields: dict[str, Any]) -> JobSpec:
 
 def simulate(
     config: Configuration,
-    trace: Iterable[TraceJob],
+    trace: Iterable[Job],
     *,
     record_decisions: bool = False,
     progress: Progress | None = None,

@@ -11,12 +11,18 @@ say when the job is dispatched.
 - *latest*: a job ends at its attempt timeout (``attemptDurationSeconds``), an upper bound; when a job
   the answer depends on has no timeout, there is no bound and ``latestStartAt`` is null.
 
-Each answer says what it assumed. A forward run stops after ``MAX_STEPS`` ends (no answer then) or
-at its share of the time budget (the answer is then "not before" the virtual time it reached).
+Each answer says what it assumed. One forward run (a *sweep*) answers for every job waiting when it
+starts: it goes on until all of them have been dispatched, recording when each was. ``Estimator``
+keeps the sweeps of the last state version (``state.applied``), so the other jobs' estimates of that
+version are look-ups. A sweep stops after ``MAX_STEPS`` ends (no answer then) or at its share of the
+time budget (the answer is then "not before" the virtual time it reached); the gateway's explainer
+(``estimating_explainer``) runs them with no budget on a copy in a thread instead
+(``gpuquota.sim.background``), so that deep-queue jobs get a start too.
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
 import logging
 import statistics
@@ -40,17 +46,21 @@ LIKELY_BUDGET_S = 0.12
 """The estimate answers within ``BUDGET_S`` (an explain must stay quick): a forward run that needs
 longer stops and says how far it got ("starts after ...")."""
 DEFAULT_DURATION_MS = 3_600_000
+MAX_AGE_MS = 10_000
 EndOf = Callable[[JobRecord, int], int | None]
 """(dispatched job, now) -> when it ends, or None: unknown (no bound)."""
 
 
 @dataclass(frozen=True)
-class Forward:
-    start_at: int | None
+class Sweep:
+    """One forward run: when each job waiting at its start is first dispatched."""
+
+    starts: dict[str, int]
+    """Waiting job id -> virtual time of its first dispatch (the jobs the run got to)."""
     unbounded: int
-    """How many of the jobs the run had to end had no known end (then ``start_at`` is None)."""
+    """How many of the jobs the run had to end had no known end (the jobs behind them have no start)."""
     not_before: int | None = None
-    """When the run stopped at its time budget: the virtual time it reached (the job starts later)."""
+    """When the run stopped at its time budget: the virtual time it reached (the others start later)."""
 
 
 def observed_medians(read_model: ReadModel) -> dict[ShareKey, int]:
@@ -80,9 +90,19 @@ def latest_end(job: JobRecord, now: int) -> int | None:
     return max(now, started + job.attempt_duration_seconds * 1000)
 
 
-def forward(state: ClusterState, job_id: str, now: int, end_of: EndOf, budget_s: float = 3600.0) -> Forward:
-    """Run ``state`` forward (changing it) until ``job_id`` is dispatched, or ``budget_s`` has passed."""
+def sweep(
+    state: ClusterState,
+    now: int,
+    end_of: EndOf,
+    budget_s: float = 3600.0,
+    on_start: Callable[[str, int], None] | None = None,
+) -> Sweep:
+    """Run ``state`` forward (changing it) until every job waiting now has been dispatched, nothing more
+    ends, or ``budget_s`` has passed: one run answers for the whole queue. ``on_start(job id, at)`` is
+    called as each waiting job's start is found."""
     deadline = time.perf_counter() + budget_s
+    waiting = {job.job_id for job in state.jobs.values() if job.status is JobStatus.RUNNABLE}
+    starts: dict[str, int] = {}
     heap: list[tuple[int, int, str, str, str, str]] = []
     serial = 0
     unbounded = 0
@@ -102,21 +122,23 @@ def forward(state: ClusterState, job_id: str, now: int, end_of: EndOf, budget_s:
             job, now if job.stop is not None else None, "STOPPED" if job.stop is not None else "SUCCEEDED"
         )
     for steps in range(MAX_STEPS):
-        if not heap:
-            return Forward(None, unbounded)
+        if not heap or len(starts) == len(waiting):
+            break
         if steps % 16 == 0 and time.perf_counter() > deadline:
-            return Forward(None, unbounded, not_before=now)
+            return Sweep(starts, unbounded, not_before=now)
         now, _, ended, attempt_id, node_id, status = heapq.heappop(heap)
         fields = {"event_id": f"estimate-{steps}", "occurred_at": now, "node_id": node_id}
         fields |= {"job_id": ended, "attempt_id": attempt_id, "status": status}
         for event in step(state, construct(inp.AttemptReport, fields)):
             if isinstance(event, ev.JobDispatched):
-                if event.job_id == job_id:
-                    return Forward(now, unbounded)
+                if event.job_id in waiting and event.job_id not in starts:
+                    starts[event.job_id] = now
+                    if on_start is not None:
+                        on_start(event.job_id, now)
                 schedule_end(state.jobs[event.job_id])
             elif isinstance(event, ev.JobPreempted | ev.JobStopRequested):
                 schedule_end(state.jobs[event.job_id], now, "STOPPED")
-    return Forward(None, unbounded)
+    return Sweep(starts, unbounded)
 
 
 def _dispatched(state: ClusterState) -> Iterable[JobRecord]:
@@ -124,56 +146,105 @@ def _dispatched(state: ClusterState) -> Iterable[JobRecord]:
     return (state.jobs[i] for i in ids)
 
 
-def trial_forward(state: ClusterState, job_id: str, now: int, end_of: EndOf, budget_s: float) -> Forward:
-    """``forward`` on the scheduler's own state inside a trial (the core's journal, as ``decide``
-    uses): every change is undone on the way out, which costs far less than copying the state. The
-    caller must not let anything else touch the state meanwhile (the shells' single thread)."""
-    with state.trial():
-        return forward(state, job_id, now, end_of, budget_s)
+def trial_sweep(state: ClusterState, now: int, end_of: EndOf, budget_s: float) -> Sweep:
+    """``sweep`` on the scheduler's own state inside a trial (the core's journal, as ``decide`` uses):
+    every change is undone on the way out, which costs far less than copying the state. The caller
+    must not let anything else touch the state meanwhile (the shells' single thread). The collector
+    is off meanwhile: the journal's records are short-lived, and a collection walks every job."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with state.trial():
+            return sweep(state, now, end_of, budget_s)
+    finally:
+        if collecting:
+            gc.enable()
 
 
-def _latest(state: ClusterState, job_id: str, now: int, budget_s: float) -> Forward:
+def _latest(state: ClusterState, now: int, budget_s: float) -> Sweep:
     running = list(_dispatched(state))
     if running and all(latest_end(job, now) is None for job in running):
-        return Forward(None, len(running))  # no running job has a bound: spare the copy and the run
-    return trial_forward(state, job_id, now, latest_end, budget_s)
+        return Sweep({}, len(running))  # no running job has a bound: spare the run
+    return trial_sweep(state, now, latest_end, budget_s)
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    """Both forward runs of one state version, and what they assumed."""
+
+    version: tuple[int, int]
+    """(identity of the state, events applied to it): a new event makes new sweeps."""
+    estimated_at: int
+    likely: Sweep
+    latest: Sweep
+    medians: dict[ShareKey, int]
+
+    def answer(self, job_id: str) -> dict[str, Any]:
+        likely, latest = self.likely, self.latest
+        known = {share[1]: round(ms / 1000, 1) for share, ms in sorted(self.medians.items())}
+        assumptions = [
+            "no new submissions; preempted jobs stop at once",
+            "likely: running jobs end at their share's median observed duration "
+            + (
+                f"(seconds: {known})"
+                if known
+                else f"(none observed yet: {DEFAULT_DURATION_MS // 1000} s assumed)"
+            ),
+            "latest: running jobs end at their attemptDurationSeconds"
+            + (
+                f" ({latest.unbounded} job(s) without one: no bound)"
+                if job_id not in latest.starts and latest.unbounded
+                else ""
+            ),
+        ]
+        for name, run in (("likely", likely), ("latest", latest)):
+            if job_id not in run.starts and run.not_before is not None:
+                assumptions.append(
+                    f"{name}: the estimate ran out of time; the job starts after {run.not_before}"
+                )
+        return {
+            "likelyStartAt": likely.starts.get(job_id),
+            "likelyNotBefore": None if job_id in likely.starts else likely.not_before,
+            "latestStartAt": latest.starts.get(job_id),
+            "latestNotBefore": None if job_id in latest.starts else latest.not_before,
+            "estimatedAt": self.estimated_at,
+            "assumptions": assumptions,
+        }
+
+
+class Estimator:
+    """Start estimates of waiting jobs, from two sweeps per state version (cached until the state
+    applies another event, or ``MAX_AGE_MS`` has passed: the running jobs' assumed ends move with
+    the clock). The first estimate of a version pays for the sweeps (at most ``BUDGET_S``); every
+    other job's estimate of that version is a look-up."""
+
+    def __init__(self) -> None:
+        self.sweeps: Sweeps | None = None
+
+    def estimate(
+        self, state: ClusterState, read_model: ReadModel, job_id: str, now: int
+    ) -> dict[str, Any] | None:
+        job = state.jobs.get(job_id)
+        if job is None or job.status is not JobStatus.RUNNABLE:
+            return None
+        version = (id(state), state.applied)
+        cached = self.sweeps
+        if cached is None or cached.version != version or now - cached.estimated_at > MAX_AGE_MS:
+            cached = self.sweeps = _sweeps(state, read_model, version, now)
+        return cached.answer(job_id)
+
+
+def _sweeps(state: ClusterState, read_model: ReadModel, version: tuple[int, int], now: int) -> Sweeps:
+    medians = observed_medians(read_model)
+    started = time.perf_counter()
+    likely = trial_sweep(state, now, likely_end(medians), LIKELY_BUDGET_S)
+    latest = _latest(state, now, max(0.01, BUDGET_S - (time.perf_counter() - started)))
+    return Sweeps(version, now, likely, latest, medians)
 
 
 def estimate(state: ClusterState, read_model: ReadModel, job_id: str, now: int) -> dict[str, Any] | None:
-    job = state.jobs.get(job_id)
-    if job is None or job.status is not JobStatus.RUNNABLE:
-        return None
-    medians = observed_medians(read_model)
-    started = time.perf_counter()
-    likely = trial_forward(state, job_id, now, likely_end(medians), LIKELY_BUDGET_S)
-    latest = _latest(state, job_id, now, max(0.01, BUDGET_S - (time.perf_counter() - started)))
-    known = {share[1]: round(ms / 1000, 1) for share, ms in sorted(medians.items())}
-    assumptions = [
-        "no new submissions; preempted jobs stop at once",
-        "likely: running jobs end at their share's median observed duration "
-        + (
-            f"(seconds: {known})"
-            if known
-            else f"(none observed yet: {DEFAULT_DURATION_MS // 1000} s assumed)"
-        ),
-        "latest: running jobs end at their attemptDurationSeconds"
-        + (
-            f" ({latest.unbounded} job(s) without one: no bound)"
-            if latest.start_at is None and latest.unbounded
-            else ""
-        ),
-    ]
-    for name, run in (("likely", likely), ("latest", latest)):
-        if run.not_before is not None:
-            assumptions.append(f"{name}: the estimate ran out of time; the job starts after {run.not_before}")
-    return {
-        "likelyStartAt": likely.start_at,
-        "likelyNotBefore": likely.not_before,
-        "latestStartAt": latest.start_at,
-        "latestNotBefore": latest.not_before,
-        "estimatedAt": now,
-        "assumptions": assumptions,
-    }
+    """The start estimate of one waiting job (None for any other), without a cache."""
+    return Estimator().estimate(state, read_model, job_id, now)
 
 
 def estimating_explainer(
@@ -181,13 +252,17 @@ def estimating_explainer(
 ) -> Callable[[str], Explanation | None]:
     """``explain`` with a start estimate for RUNNABLE jobs (the gateway's explainer)."""
 
+    from gpuquota.sim.background import BackgroundEstimator
+
+    estimator = BackgroundEstimator()
+
     def explainer(job_id: str) -> Explanation | None:
         current, now = state(), clock()
         found = explain(current, job_id, now=now)
         if found is None or found.status != JobStatus.RUNNABLE.value:
             return found
         try:
-            found_estimate = estimate(current, read_model, job_id, now)
+            found_estimate = estimator.estimate(current, read_model, job_id, now)
         except Exception:  # an estimate is a courtesy: never let it break ``explain``
             log.exception("start estimate of job %s failed", job_id)
             return found

@@ -112,11 +112,15 @@ class UnitLedger:
         """Instances borrowed by all shares together, now."""
 
     def change(self, now: int, share: int, delta: int) -> None:
-        self._settle_lent(now)
-        self._settle(now, share)
+        if now != self.lent_last:
+            self._settle_lent(now)
+        if now != self.last[share]:
+            self._settle(now, share)
         used, limit = self.used[share], self.limits[share]
-        self.borrowed += max(0, used + delta - limit) - max(0, used - limit)
-        self.used[share] = used + delta
+        after = used + delta
+        if used > limit or after > limit:  # the borrowed instances change only above the limit
+            self.borrowed += (after - limit if after > limit else 0) - (used - limit if used > limit else 0)
+        self.used[share] = after
 
     def advance(self, now: int) -> None:
         self._settle_lent(now)

@@ -150,9 +150,26 @@ function timeline(job) {
   return svg + "</svg>";
 }
 
+function wait(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  return s < 120 ? `${s} s` : s < 7200 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`;
+}
+
+// When a waiting job should start (gpuquota.sim.estimate), as `gpuquota explain` prints it.
+function startEstimate(est) {
+  if (!est) return "";
+  const at = (ms, none, notBefore) => ms != null ? `${time(ms)} (in ${wait(ms - est.estimatedAt)})`
+    : notBefore != null ? `after ${time(notBefore)} (estimate cut short)` : none;
+  const assumptions = (est.assumptions || []).map((a) => `<li>${esc(a)}</li>`).join("");
+  return `<div class="estimate" id="job-estimate"><h3>Start estimate</h3>
+    <p><span class="label">likely start</span> <span id="likely-start">${esc(at(est.likelyStartAt, "not foreseen", est.likelyNotBefore))}</span></p>
+    <p><span class="label">latest start</span> <span id="latest-start">${esc(at(est.latestStartAt, "no bound", est.latestNotBefore))}</span></p>
+    <p class="label">assuming</p><ul class="assumptions">${assumptions}</ul></div>`;
+}
+
 function explanation(job) {
   const e = job.explanation;
-  if (e) return `<p class="message">${esc(e.message)}</p><p class="reason">reason: ${esc(e.reason)}</p>`;
+  if (e) return `<p class="message">${esc(e.message)}</p><p class="reason">reason: ${esc(e.reason)}</p>${startEstimate(e.startEstimate)}`;
   if (job.lastPreemption) return `<p class="message">${esc(job.lastPreemption.statusReason)}</p>`;
   return `<p class="message">${esc(job.statusReason || job.status)}</p>`;
 }
