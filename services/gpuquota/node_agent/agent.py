@@ -84,8 +84,10 @@ class NodeAgent:
         *,
         retry_seconds: float = 0.1,
         max_retry_seconds: float = 5.0,
+        address: str = "",
     ) -> None:
         self.node_id = node_id
+        self.address = address  # how other nodes reach this one (empty: by its node id)
         self.pool = pool
         self.slots = slots
         self.runtime = runtime
@@ -222,11 +224,8 @@ class NodeAgent:
 
     def _register(self) -> None:
         self.registrations += 1
-        self._emit(
-            RegisterNode(
-                **self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots, attempts=self._known()
-            )
-        )
+        node = {"node_id": self.node_id, "pool": self.pool, "slots": self.slots, "address": self.address}
+        self._emit(RegisterNode(**self._meta(), **node, attempts=self._known()))
 
     def _known(self) -> tuple[NodeAttempt, ...]:
         return tuple(att.known() for att in self._attempts.values())

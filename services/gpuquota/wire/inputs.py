@@ -142,6 +142,9 @@ class RegisterNode(Input):
     attempts: tuple[NodeAttempt, ...] | None = None
     """Every attempt the node knows (see ``NodeAttempt``): the scheduler reconciles its log with it
     (docs/semantics.md, S5.7). ``None``: an agent (or a logged input) from before reconciliation."""
+    address: Annotated[str, Field(max_length=256)] = ""
+    """How the other nodes reach this one (an IP address or host name), for the instances of an attempt
+    spread over several nodes (I6); empty: its node id."""
 
 
 class NodeHeartbeat(Input):
