@@ -73,6 +73,8 @@ class AttemptView:
     started_at: int | None = None
     stopped_at: int | None = None
     status_reason: str | None = None
+    outputs: list[dict[str, str]] = field(default_factory=list)
+    """gpuquota's ``gpuquotaOutputs``: where each instance kept /opt/ml/model and /opt/ml/output (I6)."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"serviceResourceId": {"name": "TrainingJobArn", "value": self.arn}}
@@ -82,6 +84,8 @@ class AttemptView:
             out["stoppedAt"] = self.stopped_at
         if self.status_reason:
             out["statusReason"] = self.status_reason
+        if self.outputs:
+            out["gpuquotaOutputs"] = self.outputs
         return out
 
 
@@ -294,6 +298,15 @@ class ReadModel:
         job.held = (e.unit, e.count)
         usage = self.usage.setdefault(job.share, {})
         usage[e.unit] = usage.get(e.unit, 0) + e.count
+
+    def _on_AttemptOutputsRecorded(self, e: ev.AttemptOutputsRecorded) -> None:
+        for attempt in self.jobs[e.job_id].attempts[::-1]:
+            if attempt.attempt_id == e.attempt_id:
+                attempt.outputs += [
+                    {"nodeId": e.node_id, "host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir}
+                    for o in e.outputs
+                ]
+                return
 
     def _on_JobStarting(self, e: ev.JobStarting) -> None:
         self.jobs[e.job_id].status = JobStatus.STARTING

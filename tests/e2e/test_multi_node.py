@@ -18,6 +18,9 @@ from typing import Any
 import pytest_asyncio
 
 from gpuquota.core.lifecycle import algorithm_error
+from gpuquota.ctl.api import Api
+from gpuquota.ctl.commands import format_explain, format_job
+from gpuquota.ctl.render import Style
 from gpuquota.embedded import LOCAL_ADDRESS, EmbeddedStack
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, procs
 from gpuquota.wire import events as ev
@@ -117,7 +120,7 @@ async def two_nodes(tmp_path: Path) -> AsyncIterator[TwoNodes]:
 async def test_two_instances_on_two_nodes_agree_on_hosts_ranks_and_rendezvous(two_nodes: TwoNodes) -> None:
     batch = two_nodes.batch
     job_id = await asyncio.to_thread(submit, batch, "gang", "QS", serviceRequestPayload=two_nodes.payload())
-    await apoll(lambda: two_nodes.describe(job_id, "SUCCEEDED"), 60, "the job to succeed")
+    job = await apoll(lambda: two_nodes.describe(job_id, "SUCCEEDED"), 60, "the job to succeed")
     seen = [two_nodes.seen(host) for host in ("algo-1", "algo-2")]
     assert all(s is not None for s in seen)
     first, second = (s for s in seen if s is not None)
@@ -130,6 +133,25 @@ async def test_two_instances_on_two_nodes_agree_on_hosts_ranks_and_rendezvous(tw
     events = [e for e in await two_nodes.events() if getattr(e, "job_id", None) == job_id]
     assert [e.node_id for e in events if isinstance(e, ev.AttemptPartEnded)]  # the first part waited
     assert len([e for e in events if isinstance(e, ev.JobSucceeded)]) == 1
+    # the attempt says where each instance kept /opt/ml/model: what the job wrote to $SM_MODEL_DIR is there
+    assert "gpuquotaOutputs" not in job["attempts"][0]  # boto3 keeps only the keys AWS's model has
+    described = await asyncio.to_thread(Api(two_nodes.stack.url).call, "describe_service_job", jobId=job_id)
+    (attempt,) = described["attempts"]
+    outputs = sorted(attempt["gpuquotaOutputs"], key=lambda o: o["host"])
+    assert [(o["host"], o["nodeId"]) for o in outputs] == [
+        ("algo-1", first["GPUQUOTA_NODE_ID"]),
+        ("algo-2", second["GPUQUOTA_NODE_ID"]),
+    ]
+    for output, seen_by in zip(outputs, (first, second), strict=True):
+        assert output["modelDir"] == seen_by["SM_MODEL_DIR"]
+        assert (Path(output["modelDir"]) / "model.txt").read_text() == f"weights of {output['host']}"
+        assert Path(output["outputDir"]).is_dir()
+    # gpuquota jobs describe prints them
+    printed = format_job(described, Style(False))
+    assert "Model and output of attempt 1" in printed and outputs[1]["modelDir"] in printed
+    explained = await asyncio.to_thread(Api(two_nodes.stack.url).explain, job_id)
+    assert explained["outputs"] == attempt["gpuquotaOutputs"]
+    assert outputs[0]["modelDir"] in format_explain(explained, Style(False))
 
 
 async def test_one_failing_instance_fails_the_attempt_and_stops_the_other_node(two_nodes: TwoNodes) -> None:

@@ -302,6 +302,11 @@ def _part_ended(state: ClusterState, event: ev.AttemptPartEnded) -> None:
     job.put("parts_over", (*job.parts_over, (event.node_id, event.status)))
 
 
+@_handles(ev.AttemptOutputsRecorded)
+def _outputs(state: ClusterState, event: ev.AttemptOutputsRecorded) -> None:
+    pass  # the read model's: where the attempt's model is does not change scheduling
+
+
 @_handles(ev.JobPriorityChanged)
 def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
     job = state.jobs[event.job_id]

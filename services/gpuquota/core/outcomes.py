@@ -112,12 +112,10 @@ def failure_reason(m: inp.AttemptReport) -> str:
 
 def part_ended_early(ctx: Context, job: JobRecord, m: inp.AttemptReport) -> bool:
     """I6: an attempt placed on several nodes ends once, when its last part has ended (True: this one
-    was not the last, or was already recorded). The first part that ends otherwise than SUCCEEDED
+    was not the last). The first part that ends otherwise than SUCCEEDED
     stops the others; the attempt then fails with that part's reason (unless a stop was already on
     its way: that stop's cause decides)."""
     over = {node for node, _ in job.parts_over}
-    if m.node_id in over:
-        return True  # a repeated report of a part already recorded
     if not {p.node_id for p in job.placements} - over - {m.node_id}:
         return False
     assert job.attempt_id is not None
@@ -161,6 +159,16 @@ def apply_report(ctx: Context, m: inp.AttemptReport) -> bool:
     if m.status == "RUNNING":
         ctx.emit(ev.JobRunning, job_id=job.job_id, attempt_id=m.attempt_id)
         return False
+    if any(node == m.node_id for node, _ in job.parts_over):
+        return False  # a repeated report of a part already recorded
+    if m.outputs:
+        ctx.emit(
+            ev.AttemptOutputsRecorded,
+            job_id=job.job_id,
+            attempt_id=m.attempt_id,
+            node_id=m.node_id,
+            outputs=m.outputs,
+        )
     if part_ended_early(ctx, job, m):
         return False
     if m.status == "SUCCEEDED" and all(status == "SUCCEEDED" for _, status in job.parts_over):

@@ -866,6 +866,7 @@ class Gateway:
             "lastPreemption": job.preemptions[0] if job.preemptions else None,
             "preemptions": list(job.preemptions),
             "history": [{"at": at, "status": status} for at, status in job.history],
+            "outputs": job.attempts[-1].outputs if job.attempts else [],
         }
         found = None if self.explainer is None or job.terminal else self.explainer(spec.job_id)
         if found is not None:

@@ -39,7 +39,7 @@ from typing import Any
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.node_agent.outcomes import final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
-from gpuquota.node_agent.prepare import exit_path, prepare
+from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepare
 from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook
 from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
 from gpuquota.observe.logs import bind
@@ -441,6 +441,7 @@ class NodeAgent:
             status=status,
             exit_code=exit_code,
             status_reason=reason[:1024] if reason else None,
+            outputs=attempt_outputs(cmd, self.work_dir) if status in FINAL else (),
         )
         att.status = status
         if status in FINAL:

@@ -16,6 +16,7 @@ from gpuquota.node_agent.instances import host_name
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
 from gpuquota.node_agent.runtime import LaunchSpec
 from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.inputs import InstanceOutput
 from gpuquota.wire.node_commands import RunAttempt
 
 
@@ -74,6 +75,19 @@ def prepare(
         instance_gpus=tuple(slots[i].gpus for i in cmd.slots) if len(cmd.slots) > 1 else (),
         first_rank=_first_rank(cmd, node_id),
         peers=tuple((host_name(n.first_rank + i), n.address) for n in cmd.gang for i in range(n.instances)),
+    )
+
+
+def attempt_outputs(cmd: RunAttempt, work_dir: Path) -> tuple[InstanceOutput, ...]:
+    """Where the node's instances of ``cmd`` kept ``/opt/ml/model`` and ``/opt/ml/output`` (I6): the
+    directories the runtime made (none: a simulated attempt, or one that never started)."""
+    first = next((n.first_rank for n in cmd.gang if n.node_id == cmd.node_id), 0)
+    root = work_dir.absolute() / "attempts" / safe_name(cmd.attempt_id)
+    hosts = [host_name(first + i) for i in range(max(1, len(cmd.slots)))]
+    return tuple(
+        InstanceOutput(host=h, model_dir=str(root / h / "model"), output_dir=str(root / h / "output"))
+        for h in hosts
+        if (root / h / "model").is_dir()
     )
 
 

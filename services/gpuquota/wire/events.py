@@ -24,6 +24,7 @@ from gpuquota.wire.base import (
     ServiceEnvironmentSpec,
     SlotOffer,
 )
+from gpuquota.wire.inputs import InstanceOutput
 
 ResourceStatus = Literal["VALID", "DELETING", "DELETED"]
 
@@ -196,6 +197,17 @@ class AttemptPartEnded(Message):
     status_reason: str | None = None
 
 
+class AttemptOutputsRecorded(Message):
+    """Where a node kept the attempt's ``/opt/ml/model`` and ``/opt/ml/output`` (its final report's
+    ``outputs``); for the read model: scheduling ignores it."""
+
+    type: Literal["AttemptOutputsRecorded"] = "AttemptOutputsRecorded"
+    job_id: str
+    attempt_id: str
+    node_id: str
+    outputs: tuple[InstanceOutput, ...]
+
+
 class JobPriorityChanged(Message):
     type: Literal["JobPriorityChanged"] = "JobPriorityChanged"
     job_id: str
@@ -310,6 +322,7 @@ SchedulerEvent = Annotated[
     | JobPreempted
     | JobStopRequested
     | AttemptPartEnded
+    | AttemptOutputsRecorded
     | JobPriorityChanged
     | JobTagsChanged
     | JobBlocked

@@ -171,6 +171,15 @@ class DeregisterNode(Input):
     node_id: str
 
 
+class InstanceOutput(Frozen):
+    """Where one instance of an attempt kept its ``/opt/ml/model`` and ``/opt/ml/output`` on its node."""
+
+    host: str
+    """``algo-K``."""
+    model_dir: str
+    output_dir: str
+
+
 class AttemptReport(Input):
     """A node agent's report on one attempt; idempotent (keyed by attempt id and status)."""
 
@@ -181,6 +190,8 @@ class AttemptReport(Input):
     status: AttemptStatus
     exit_code: int | None = None
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
+    outputs: tuple[InstanceOutput, ...] = ()
+    """Final reports: the directories of the node's instances of the attempt (I6; none: nothing kept)."""
 
 
 class Tick(Input):
