@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TypeGuard
-
 from gpuquota.core.state import ClusterState, JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Placement
@@ -51,20 +49,8 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
             )
             for p in event.placements
         ]
-    if isinstance(event, ev.JobPreempted | ev.JobStopRequested) or _ends_a_gang(state, event):
-        job = state.jobs[event.job_id]
-        assert event.attempt_id is not None
-        return [
-            StopAttempt(
-                event_id=f"{event.event_id}/{node_id}",
-                occurred_at=event.occurred_at,
-                node_id=node_id,
-                job_id=event.job_id,
-                attempt_id=event.attempt_id,
-                reason=event.status_reason,
-            )
-            for node_id in _running_parts(job)
-        ]
+    if isinstance(event, ev.JobPreempted | ev.JobStopRequested | ev.JobRequeued | ev.JobFailed):
+        return _stop_parts(state, event)
     if isinstance(event, ev.AttemptFenced):
         return [
             StopAttempt(
@@ -89,10 +75,26 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
     return []
 
 
-def _ends_a_gang(state: ClusterState, event: ev.SchedulerEvent) -> TypeGuard[ev.JobRequeued | ev.JobFailed]:
-    """The attempt of a job placed on several nodes ends (a node was lost, say) while parts of it may
-    still run elsewhere: those are stopped at once, before their slots are given to another attempt."""
-    if not isinstance(event, ev.JobRequeued | ev.JobFailed) or event.attempt_id is None:
-        return False
+def _stop_parts(
+    state: ClusterState, event: ev.JobPreempted | ev.JobStopRequested | ev.JobRequeued | ev.JobFailed
+) -> list[NodeCommand]:
+    """A stop of the job's attempt goes to every node whose part still runs. An attempt of a job placed on
+    several nodes that ends (a node was lost, say) while parts of it may still run elsewhere: those are
+    stopped at once, before their slots are given to another attempt."""
     job = state.jobs.get(event.job_id)
-    return job is not None and job.attempt_id == event.attempt_id and len(job.placements) > 1
+    attempt_id = event.attempt_id
+    if job is None or attempt_id is None or job.attempt_id != attempt_id:
+        return []
+    if isinstance(event, ev.JobRequeued | ev.JobFailed) and len(job.placements) < 2:
+        return []
+    return [
+        StopAttempt(
+            event_id=f"{event.event_id}/{node_id}",
+            occurred_at=event.occurred_at,
+            node_id=node_id,
+            job_id=event.job_id,
+            attempt_id=attempt_id,
+            reason=event.status_reason,
+        )
+        for node_id in _running_parts(job)
+    ]

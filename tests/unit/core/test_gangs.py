@@ -10,6 +10,7 @@ from gpuquota.core.state import ClusterState
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.inputs import InstanceOutput
 from gpuquota.wire.node_commands import GangNode, NodeCommand, RunAttempt, StopAttempt
 from tests.builders import G5, Harness, job, share
 
@@ -112,6 +113,26 @@ def test_a_lost_node_stops_the_parts_on_the_other_nodes() -> None:
     assert h.status("gang") == "RUNNABLE"
     stops = [c for c in h.commands if isinstance(c, StopAttempt)]
     assert "node-a" in {s.node_id for s in stops}
+
+
+def test_final_reports_record_where_the_outputs_are() -> None:
+    h = played_with_outputs()
+    recorded = [e for e in h.events if isinstance(e, ev.AttemptOutputsRecorded)]
+    assert [(e.node_id, [o.host for o in e.outputs]) for e in recorded] == [("node-b", ["algo-2"])]
+    assert h.status("gang") == "FAILED"
+
+
+def played_with_outputs() -> Harness:
+    """A gang whose failing part reports its outputs (every event type of this module, for the contract
+    test of ``tests/unit/core/test_contract.py``)."""
+    h = two_single_slot_nodes()
+    output = InstanceOutput(
+        host="algo-2", model_dir="/w/attempts/a/algo-2/model", output_dir="/w/a/algo-2/output"
+    )
+    report(h, "node-b", "FAILED", exit_code=7, status_reason=REASON, outputs=(output,))
+    report(h, "node-b", "FAILED", exit_code=7, status_reason=REASON, outputs=(output,))  # repeated: nothing
+    report(h, "node-a", "STOPPED")
+    return h
 
 
 def test_replay_rebuilds_the_parts() -> None:
