@@ -300,13 +300,11 @@ class ReadModel:
         usage[e.unit] = usage.get(e.unit, 0) + e.count
 
     def _on_AttemptOutputsRecorded(self, e: ev.AttemptOutputsRecorded) -> None:
-        for attempt in self.jobs[e.job_id].attempts[::-1]:
-            if attempt.attempt_id == e.attempt_id:
-                attempt.outputs += [
-                    {"nodeId": e.node_id, "host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir}
-                    for o in e.outputs
-                ]
-                return
+        if (attempt := self.jobs[e.job_id].current) is not None:  # recorded before the attempt ends
+            node = {"nodeId": e.node_id}
+            attempt.outputs += [
+                node | {"host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir} for o in e.outputs
+            ]
 
     def _on_JobStarting(self, e: ev.JobStarting) -> None:
         self.jobs[e.job_id].status = JobStatus.STARTING
