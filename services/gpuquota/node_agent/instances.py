@@ -73,16 +73,16 @@ def gang_port(attempt_id: str) -> int:
     return base + zlib.crc32(attempt_id.encode()) % span
 
 
-def output_dirs(spec: LaunchSpec, instance: Instance) -> tuple[Path, Path]:
-    """The node's directories for the instance's ``/opt/ml/model`` and ``/opt/ml/output`` (I6), kept
-    per attempt: ``<work dir>/attempts/<attempt id>/<algo-K>/{model,output}``."""
-    root = spec.cwd / "attempts" / re.sub(r"[^A-Za-z0-9._-]", "_", spec.attempt_id) / instance.host
-    return root / "model", root / "output"
+def attempt_root(work_dir: Path, attempt_id: str) -> Path:
+    """The attempt's directory on the node: ``<work dir>/attempts/<attempt id>/``, one ``<algo-K>/`` per
+    instance with its ``model/`` and ``output/`` (``/opt/ml/model``, ``/opt/ml/output``), kept (I6)."""
+    return work_dir / "attempts" / re.sub(r"[^A-Za-z0-9._-]", "_", attempt_id)
 
 
 def output_env(spec: LaunchSpec, instance: Instance) -> dict[str, str]:
     """``SM_MODEL_DIR`` and ``SM_OUTPUT_DIR`` of an instance that runs as a local process (created)."""
-    model, output = output_dirs(spec, instance)
+    root = attempt_root(spec.cwd, spec.attempt_id) / instance.host
+    model, output = root / "model", root / "output"
     (output / "data").mkdir(parents=True, exist_ok=True)
     model.mkdir(parents=True, exist_ok=True)
     return {

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from gpuquota.node_agent.instances import host_name
+from gpuquota.node_agent.instances import attempt_root, host_name
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
 from gpuquota.node_agent.runtime import LaunchSpec
 from gpuquota.wire.base import SlotOffer
@@ -82,7 +82,7 @@ def attempt_outputs(cmd: RunAttempt, work_dir: Path) -> tuple[InstanceOutput, ..
     """Where the node's instances of ``cmd`` kept ``/opt/ml/model`` and ``/opt/ml/output`` (I6): the
     directories the runtime made (none: a simulated attempt, or one that never started)."""
     first = next((n.first_rank for n in cmd.gang if n.node_id == cmd.node_id), 0)
-    root = work_dir.absolute() / "attempts" / safe_name(cmd.attempt_id)
+    root = attempt_root(work_dir.absolute(), cmd.attempt_id)
     hosts = [host_name(first + i) for i in range(max(1, len(cmd.slots)))]
     return tuple(
         InstanceOutput(host=h, model_dir=str(root / h / "model"), output_dir=str(root / h / "output"))
