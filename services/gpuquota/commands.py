@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-from gpuquota.core.state import ClusterState
+from gpuquota.core.state import ClusterState, JobRecord
 from gpuquota.wire import events as ev
-from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt, StopAttempt
+from gpuquota.wire.base import Placement
+from gpuquota.wire.node_commands import GangNode, NodeCommand, RegisterAgain, RunAttempt, StopAttempt
+
+
+def gang(state: ClusterState, placements: tuple[Placement, ...]) -> tuple[GangNode, ...]:
+    """The nodes of an attempt in rank order (placement order), with their addresses; empty for one node."""
+    if len(placements) < 2:
+        return ()
+    nodes, rank = [], 0
+    for p in placements:
+        node = state.nodes.get(p.node_id)
+        address = (node.address if node is not None else "") or p.node_id
+        nodes.append(GangNode(node_id=p.node_id, instances=len(p.slots), first_rank=rank, address=address))
+        rank += len(p.slots)
+    return tuple(nodes)
+
+
+def _running_parts(job: JobRecord) -> list[str]:
+    """The nodes of the job's attempt whose part has not ended."""
+    over = {node for node, _ in job.parts_over}
+    return [p.node_id for p in job.placements if p.node_id not in over]
 
 
 def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCommand]:
     """The commands node agents must receive for ``event``; call it *before* evolving ``event``."""
     if isinstance(event, ev.JobDispatched):
         job = state.jobs[event.job_id]
+        nodes = gang(state, event.placements)
         return [
             RunAttempt(
                 event_id=f"{event.event_id}/{p.node_id}",
@@ -24,22 +45,12 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
                 slots=p.slots,
                 gpus=p.gpus,
                 payload=job.payload,
+                gang=nodes,
             )
             for p in event.placements
         ]
-    if isinstance(event, ev.JobPreempted | ev.JobStopRequested):
-        job = state.jobs[event.job_id]
-        return [
-            StopAttempt(
-                event_id=f"{event.event_id}/{p.node_id}",
-                occurred_at=event.occurred_at,
-                node_id=p.node_id,
-                job_id=event.job_id,
-                attempt_id=event.attempt_id,
-                reason=event.status_reason,
-            )
-            for p in job.placements
-        ]
+    if isinstance(event, ev.JobPreempted | ev.JobStopRequested | ev.JobRequeued | ev.JobFailed):
+        return _stop_parts(state, event)
     if isinstance(event, ev.AttemptFenced):
         return [
             StopAttempt(
@@ -62,3 +73,28 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
             )
         ]
     return []
+
+
+def _stop_parts(
+    state: ClusterState, event: ev.JobPreempted | ev.JobStopRequested | ev.JobRequeued | ev.JobFailed
+) -> list[NodeCommand]:
+    """A stop of the job's attempt goes to every node whose part still runs. An attempt of a job placed on
+    several nodes that ends (a node was lost, say) while parts of it may still run elsewhere: those are
+    stopped at once, before their slots are given to another attempt."""
+    job = state.jobs.get(event.job_id)
+    attempt_id = event.attempt_id
+    if job is None or attempt_id is None or job.attempt_id != attempt_id:
+        return []
+    if isinstance(event, ev.JobRequeued | ev.JobFailed) and len(job.placements) < 2:
+        return []
+    return [
+        StopAttempt(
+            event_id=f"{event.event_id}/{node_id}",
+            occurred_at=event.occurred_at,
+            node_id=node_id,
+            job_id=event.job_id,
+            attempt_id=attempt_id,
+            reason=event.status_reason,
+        )
+        for node_id in _running_parts(job)
+    ]

@@ -167,6 +167,7 @@ class NodeAgentService:
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
         logs_port: int | None = None,
+        address: str = "",
     ) -> None:
         self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool)
         self.log_server = None if logs_port is None else LogServer(work_dir, port=logs_port)
@@ -179,6 +180,7 @@ class NodeAgentService:
             work_dir,
             heartbeat_seconds=heartbeat_seconds,
             preemption_grace=preemption_grace,
+            address=address,
         )
         self._feed: asyncio.Task[None] | None = None
 
@@ -256,6 +258,7 @@ class DistributedStack:
                     topics=self.topics,
                     heartbeat_seconds=heartbeat_seconds,
                     preemption_grace=preemption_grace,
+                    address="127.0.0.1",  # the stack's agents share this machine
                 )
                 self.agents.append(service)
 

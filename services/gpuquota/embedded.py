@@ -42,6 +42,8 @@ from gpuquota.wire.node_commands import NodeCommand
 log = logging.getLogger(__name__)
 
 DEFAULT_NODES = "ml.g5.xlarge=3"
+LOCAL_ADDRESS = "127.0.0.1"
+"""Where the local node agents reach each other (the instances of an attempt spread over them)."""
 STORE_FILE = "events.sqlite3"
 GC_THRESHOLDS = (20_000, 10, 10)
 """``gpuquota up``'s garbage collector: every job stays in memory (state and read model), so with
@@ -154,6 +156,7 @@ class EmbeddedStack:
                 work_root / node_id,
                 heartbeat_seconds=self.heartbeat_seconds,
                 preemption_grace=self.preemption_grace,
+                address=LOCAL_ADDRESS,
             )
             self.agents[node_id] = agent
             await agent.start()

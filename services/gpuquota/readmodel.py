@@ -70,6 +70,8 @@ class AttemptView:
     started_at: int | None = None
     stopped_at: int | None = None
     status_reason: str | None = None
+    outputs: list[dict[str, str]] = field(default_factory=list)
+    """gpuquota's ``gpuquotaOutputs``: where each instance kept /opt/ml/model and /opt/ml/output (I6)."""
 
 
 @dataclass(slots=True)
@@ -281,6 +283,13 @@ class ReadModel:
         job.held = (e.unit, e.count)
         usage = self.usage.setdefault(job.share, {})
         usage[e.unit] = usage.get(e.unit, 0) + e.count
+
+    def _on_AttemptOutputsRecorded(self, e: ev.AttemptOutputsRecorded) -> None:
+        if (attempt := self.jobs[e.job_id].current) is not None:  # recorded before the attempt ends
+            node = {"nodeId": e.node_id}
+            attempt.outputs += [
+                node | {"host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir} for o in e.outputs
+            ]
 
     def _on_JobStarting(self, e: ev.JobStarting) -> None:
         self.jobs[e.job_id].status = JobStatus.STARTING

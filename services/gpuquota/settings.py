@@ -41,6 +41,8 @@ GPUQUOTA_RUNTIME               how jobs run: ``process``, ``simulated`` or ``con
                                (aliases ``subprocess``, ``fake``; default ``subprocess``)
 GPUQUOTA_CONTAINER_ENGINE      ``podman`` or ``docker`` for the ``container`` runtime     node-agent
                                (default: the first found)
+GPUQUOTA_ADVERTISE_ADDRESS     how other nodes reach this one (attempts spread over     node-agent
+                               nodes; default: the host name)
 =============================  ======================================================  =========
 """
 
@@ -203,8 +205,8 @@ class NodeAgentSettings(_Settings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
     GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS,
-    GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
-    ``runtime`` ``subprocess`` means
+    GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL,
+    GPUQUOTA_ADVERTISE_ADDRESS. ``runtime`` ``subprocess`` means
     ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
     work directory.
     """
@@ -220,6 +222,8 @@ class NodeAgentSettings(_Settings):
     data_dir: Path = Path(".gpuquota")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     logs_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    advertise_address: Annotated[str, Field(max_length=256)] = ""
+    """How the other nodes reach this one (attempts spread over nodes); empty: the host name."""
 
     @property
     def runtime_kind(self) -> Literal["process", "simulated", "container"]:

@@ -160,9 +160,10 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         work_dir: Path | None = None,
         grace: float = 0.5,
         heartbeat: float = 60.0,
+        node_id: str = NODE,
     ) -> NodeAgent:
         agent = NodeAgent(
-            NODE,
+            node_id,
             "default",
             parse_slots(slots),
             runtime or ProcessRuntime(poll_seconds=0.01),

@@ -14,6 +14,7 @@ import pytest
 from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent import NodeAgent, parse_slots
 from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, describe_exit
+from gpuquota.wire.node_commands import GangNode
 from tests.containers import build_trainer_image, find_engine, remove_job_containers, unique
 from tests.node_agent.conftest import AgentFactory, Scheduler, run_cmd, stop_cmd, wait_final, wait_until
 
@@ -314,3 +315,49 @@ async def test_a_container_its_dead_agent_never_recorded_is_removed_at_restart(
     assert not containers(engine, stray), "the unrecorded container is removed: it never runs twice"
     assert sched2.reports() == []
     assert len(containers(engine, other)) == 1, "another agent's container is left alone"
+
+
+async def test_two_instances_on_two_nodes_share_hosts_and_rendezvous_over_the_hosts_network(
+    make_agent: AgentFactory, engine: ContainerEngine, image: str, job_ids: list[str], tmp_path: Path
+) -> None:
+    """Two agents on this machine, one instance each, as the scheduler places a gang over two nodes."""
+    job = new_job(job_ids, "gang")
+    gang = (
+        GangNode(node_id="node-a", instances=1, first_rank=0, address="127.0.0.1"),
+        GangNode(node_id="node-b", instances=1, first_rank=1, address="localhost"),
+    )
+    sched = Scheduler()
+    agents = [
+        container_agent(
+            make_agent,
+            sched,
+            engine,
+            slots="ml.g5.xlarge=1",
+            node_id=n.node_id,
+            work_dir=tmp_path / n.node_id,
+        )
+        for n in gang
+    ]
+    for agent in agents:
+        await agent.start()
+    hps = {"steps": "2", "sleep": "0.05"}
+    for agent in agents:
+        cmd = run_cmd(payload(image, hps, count=2), job_id=job, node_id=agent.node_id)
+        await agent.deliver(cmd.model_copy(update={"gang": gang}))
+    report = await wait_final(sched, f"{job}-a1", TIMEOUT)
+    await wait_until(
+        lambda: len([r for r in sched.reports(f"{job}-a1") if r.status == "SUCCEEDED"]) == 2, TIMEOUT
+    )
+    assert report.status == "SUCCEEDED", report.status_reason
+    models = [
+        model_dir(a.work_dir, f"{job}-a1", host) for a, host in zip(agents, ("algo-1", "algo-2"), strict=True)
+    ]
+    envs = [env_of(model) for model in models]
+    assert {e["SM_HOSTS"] for e in envs} == {'["algo-1", "algo-2"]'}
+    assert [(e["SM_CURRENT_HOST"], e["NODE_RANK"]) for e in envs] == [("algo-1", "0"), ("algo-2", "1")]
+    assert {(e["WORLD_SIZE"], e["MASTER_ADDR"]) for e in envs} == {("2", "127.0.0.1")}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    # each node's final report says where its instance's /opt/ml/model is
+    outputs = {r.node_id: r.outputs for r in sched.reports(f"{job}-a1") if r.status == "SUCCEEDED"}
+    assert [o.model_dir for o in outputs["node-a"] + outputs["node-b"]] == [str(m) for m in models]
+    assert all((m / "done").exists() for m in models)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import textwrap
 from pathlib import Path
 
 from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.node_agent import procs
+from gpuquota.wire.node_commands import GangNode
 from tests.node_agent.conftest import (
+    NODE,
     AgentFactory,
     Scheduler,
     python_payload,
@@ -95,3 +98,42 @@ async def test_a_restarted_agent_adopts_every_instance(make_agent: AgentFactory,
     await agent2.deliver(stop_cmd("multi", "multi-a1", "fenced"))
     assert (await wait_final(sched2, "multi-a1", 30)).status == "STOPPED"
     assert not any(procs.pid_alive(p) for p in pids), "both instances stopped"
+
+
+async def test_a_restarted_agent_adopts_the_instances_of_its_part_of_a_gang(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """This node runs ranks 1 and 2 of a 3-instance attempt (rank 0 is on another node): after a restart
+    (the processes outlive the agent, as after kill -9) it adopts both under their own host names."""
+    gang = (
+        GangNode(node_id="elsewhere", instances=1, first_rank=0, address="10.0.0.1"),
+        GangNode(node_id=NODE, instances=2, first_rank=1, address="127.0.0.1"),
+    )
+    work = tmp_path / "work"
+    agent = make_agent(Scheduler(), work_dir=work)
+    await agent.start()
+    resources = {"InstanceType": "ml.g5.xlarge", "InstanceCount": 3}
+    payload = python_payload(
+        INSTANCE, Environment={"OUT_DIR": str(tmp_path), "SLEEP": "600"}, ResourceConfig=resources
+    )
+    cmd = run_cmd(payload, job_id="gang", slots=(0, 1))
+    await agent.deliver(cmd.model_copy(update={"gang": gang}))
+    files = [tmp_path / f"{host}.json" for host in ("algo-2", "algo-3")]
+    await wait_until(lambda: all(f.exists() for f in files), 30, "both instances to start")
+    seen = [json.loads(f.read_text()) for f in files]
+    assert [(s["SM_CURRENT_HOST"], s["NODE_RANK"]) for s in seen] == [("algo-2", "1"), ("algo-3", "2")]
+    assert {(s["SM_HOSTS"], s["WORLD_SIZE"], s["MASTER_ADDR"]) for s in seen} == {
+        ('["algo-1", "algo-2", "algo-3"]', "3", "10.0.0.1")
+    }
+    await agent.stop()
+
+    sched = Scheduler()
+    restarted = make_agent(sched, work_dir=work)
+    await restarted.start()
+    await wait_until(lambda: "gang-a1" in restarted.active_attempts, 30, "adoption")
+    os.kill(seen[1]["pid"], signal.SIGKILL)  # algo-3 dies: the part fails under its own name
+    report = await wait_final(sched, "gang-a1", 30)
+    assert report.status_reason == algorithm_error(
+        "Instance algo-3 (rank 2) failed: killed by signal SIGKILL"
+    )
+    await wait_until(lambda: not procs.pid_alive(seen[0]["pid"]), 30, "algo-2 to be stopped")

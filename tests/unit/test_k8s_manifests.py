@@ -26,7 +26,11 @@ WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 KUBERNETES_VERSION = "1.30.0"
 
 #: stand-ins for values Kubernetes fills in (valueFrom.fieldRef)
-FIELD_VALUES = {"metadata.name": "gpuquota-scheduler-0", "spec.nodeName": "gpu-node-1"}
+FIELD_VALUES = {
+    "metadata.name": "gpuquota-scheduler-0",
+    "spec.nodeName": "gpu-node-1",
+    "status.podIP": "10.0.0.7",
+}
 
 
 def _documents() -> list[dict[str, Any]]:

@@ -166,6 +166,8 @@ def _release(state: ClusterState, job: JobRecord) -> None:
         state.set_discard(hold.victims, job.job_id)
     job.put("attempt_id", None)
     job.put("placements", ())
+    if job.parts_over:
+        job.put("parts_over", ())
     job.put("stop", None)
     job.put("started_at", None)
 
@@ -294,6 +296,17 @@ def _stop_requested(state: ClusterState, event: ev.JobStopRequested) -> None:
     job.put("stop", StopInfo(event.cause, event.status_reason))
 
 
+@_handles(ev.AttemptPartEnded)
+def _part_ended(state: ClusterState, event: ev.AttemptPartEnded) -> None:
+    job = state.jobs[event.job_id]
+    job.put("parts_over", (*job.parts_over, (event.node_id, event.status)))
+
+
+@_handles(ev.AttemptOutputsRecorded)
+def _outputs(state: ClusterState, event: ev.AttemptOutputsRecorded) -> None:
+    pass  # the read model's: where the attempt's model is does not change scheduling
+
+
 @_handles(ev.JobPriorityChanged)
 def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
     job = state.jobs[event.job_id]
@@ -374,6 +387,7 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
         for free in node.free.values():
             free[:] = [i for i in free if i not in used]
     node.draining = event.draining
+    node.address = event.address
     state.dict_set(state.nodes, node.node_id, node)
     _contribute(state, node)
 

@@ -47,7 +47,9 @@ def register(ctx: Context, m: inp.RegisterNode) -> bool:
     # An operator's drain outlives the agent's restart; a lost node that comes back starts afresh.
     old = ctx.state.nodes.get(m.node_id)
     draining = old is not None and old.online and old.draining
-    ctx.emit(ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots, draining=draining)
+    ctx.emit(
+        ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots, draining=draining, address=m.address
+    )
     return True
 
 
@@ -100,6 +102,8 @@ def _reconcile(
     for job in jobs_on_node(state, node_id):
         if job.attempt_id in known or not (registration or job.status.value in _REPORTED):
             continue
+        if any(node == node_id for node, _ in job.parts_over):
+            continue  # its part ended and was reported; the agent forgot it (other parts still run)
         _lose_attempt(ctx, job, node_id, f"Attempt {job.attempt_id} lost: node {node_id} does not run it")
         changed = True
     return changed

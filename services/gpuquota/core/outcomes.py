@@ -90,7 +90,7 @@ def stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
                 cause="PREEMPTED",
                 status_reason=stop.reason,
             )
-    elif stop.cause == "TIMEOUT":
+    elif stop.cause in ("TIMEOUT", "INSTANCE_FAILED"):
         attempt_failed(ctx, job, stop.reason)
     else:
         ctx.emit(
@@ -108,6 +108,25 @@ def failure_reason(m: inp.AttemptReport) -> str:
     if m.exit_code is not None:
         return algorithm_error(f"exited with code {m.exit_code}")
     return "Attempt failed"
+
+
+def part_ended_early(ctx: Context, job: JobRecord, m: inp.AttemptReport) -> bool:
+    """I6: an attempt placed on several nodes ends once, when its last part has ended (True: this one
+    was not the last). The first part that ends otherwise than SUCCEEDED
+    stops the others; the attempt then fails with that part's reason (unless a stop was already on
+    its way: that stop's cause decides)."""
+    over = {node for node, _ in job.parts_over}
+    if not {p.node_id for p in job.placements} - over - {m.node_id}:
+        return False
+    assert job.attempt_id is not None
+    fields = {"job_id": job.job_id, "attempt_id": job.attempt_id}
+    ctx.emit(ev.AttemptPartEnded, **fields, node_id=m.node_id, status=m.status, status_reason=m.status_reason)
+    if m.status != "SUCCEEDED" and job.stop is None:
+        reason = failure_reason(m)
+        if m.status == "STOPPED":
+            reason = m.status_reason or f"Attempt {job.attempt_id} was handed back by node {m.node_id}"
+        ctx.emit(ev.JobStopRequested, **fields, cause="INSTANCE_FAILED", status_reason=reason)
+    return True
 
 
 def apply_report(ctx: Context, m: inp.AttemptReport) -> bool:
@@ -140,7 +159,19 @@ def apply_report(ctx: Context, m: inp.AttemptReport) -> bool:
     if m.status == "RUNNING":
         ctx.emit(ev.JobRunning, job_id=job.job_id, attempt_id=m.attempt_id)
         return False
-    if m.status == "SUCCEEDED":
+    if any(node == m.node_id for node, _ in job.parts_over):
+        return False  # a repeated report of a part already recorded
+    if m.outputs:
+        ctx.emit(
+            ev.AttemptOutputsRecorded,
+            job_id=job.job_id,
+            attempt_id=m.attempt_id,
+            node_id=m.node_id,
+            outputs=m.outputs,
+        )
+    if part_ended_early(ctx, job, m):
+        return False
+    if m.status == "SUCCEEDED" and all(status == "SUCCEEDED" for _, status in job.parts_over):
         ctx.emit(ev.JobSucceeded, job_id=job.job_id, attempt_id=m.attempt_id)
     elif job.stop is not None:
         stopped(ctx, job, m.node_id)

@@ -114,6 +114,7 @@ class JobRecord(Mutable):
         "failures",
         "job_id",
         "job_name",
+        "parts_over",
         "payload",
         "placements",
         "preempted_count",
@@ -159,6 +160,8 @@ class JobRecord(Mutable):
         self.attempt_number = 0
         self.attempt_id: str | None = None
         self.placements: tuple[Placement, ...] = ()
+        self.parts_over: tuple[tuple[str, str], ...] = ()
+        """(node id, final status) of the parts of a multi-node attempt that have ended (I6)."""
         self.failures = 0
         self.preempted_count = 0
         self.stop: StopInfo | None = None
@@ -182,6 +185,7 @@ class JobRecord(Mutable):
             self.failures,
             self.job_id,
             self.job_name,
+            self.parts_over,
             self.payload,
             self.placements,
             self.preempted_count,
@@ -211,6 +215,7 @@ class JobRecord(Mutable):
             self.failures,
             self.job_id,
             self.job_name,
+            self.parts_over,
             self.payload,
             self.placements,
             self.preempted_count,
@@ -315,7 +320,7 @@ class Hold:
 
 
 class NodeRecord(Mutable):
-    __slots__ = ("draining", "free", "last_heartbeat", "node_id", "online", "pool", "slots")
+    __slots__ = ("address", "draining", "free", "last_heartbeat", "node_id", "online", "pool", "slots")
 
     def __init__(
         self,
@@ -331,6 +336,7 @@ class NodeRecord(Mutable):
         self.slots = slots
         self.online = True
         self.draining = False
+        self.address = ""
         self.last_heartbeat = at
         self.free: dict[str, list[int]] = {}
         """Per unit: indexes of the free slots, ascending (a plain list: a node has a handful)."""
@@ -490,6 +496,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             j.attempt_id,
             j.attempt_number,
             j.placements,
+            j.parts_over,
             j.failures,
             j.preempted_count,
             None if j.stop is None else (j.stop.cause, j.stop.reason, j.stop.preemptor),
@@ -522,6 +529,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             n.slots,
             n.online,
             n.draining,
+            n.address,
             n.last_heartbeat,
             sorted((u, tuple(free)) for u, free in n.free.items()),
         )

@@ -51,6 +51,21 @@ def _reason(exc: BaseException) -> str:
     return str(reason)
 
 
+OUTPUTS_KEY = "gpuquotaOutputs"
+"""gpuquota's key in a DescribeServiceJob attempt (where the attempt's model is); not in AWS's model."""
+
+
+def keep_attempt_outputs(http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
+    """botocore drops the keys its service model lacks: copy each attempt's ``gpuquotaOutputs`` back."""
+    try:
+        raw = json.loads(http_response.content or b"{}").get("attempts") or []
+    except (ValueError, AttributeError):
+        return
+    for attempt, sent in zip(parsed.get("attempts") or [], raw, strict=False):
+        if isinstance(sent, dict) and OUTPUTS_KEY in sent:
+            attempt[OUTPUTS_KEY] = sent[OUTPUTS_KEY]
+
+
 class Api:
     """One gpuquota endpoint: ``batch`` is an unmodified boto3 ``batch`` client pointed at it."""
 
@@ -83,6 +98,7 @@ class Api:
                 ),
                 **credentials,
             )
+            self._batch.meta.events.register("after-call.batch.DescribeServiceJob", keep_attempt_outputs)
         return self._batch
 
     def call(self, operation: str, **params: Any) -> dict[str, Any]:

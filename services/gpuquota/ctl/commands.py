@@ -232,7 +232,17 @@ def format_job(job: dict[str, Any], style: Style) -> str:
             for i, a in enumerate(attempts, start=1)
         ]
         lines += ["", style("Attempts", "bold"), render.table(["#", "STARTED", "STOPPED", "REASON"], rows)]
+        title = f"Model and output of attempt {len(attempts)}"
+        lines += format_outputs(attempts[-1].get("gpuquotaOutputs", []), style, title)
     return "\n".join(lines)
+
+
+def format_outputs(outputs: list[dict[str, str]], style: Style, title: str) -> list[str]:
+    """Where the attempt's instances kept /opt/ml/model and /opt/ml/output, on which node."""
+    if not outputs:
+        return []
+    rows = [[o["host"], o["nodeId"], o["modelDir"], o["outputDir"]] for o in outputs]
+    return ["", style(title, "bold"), render.table(["HOST", "NODE", "MODEL", "OUTPUT"], rows)]
 
 
 def _jobs_update_priority(api: Api, args: argparse.Namespace, style: Style) -> int:
@@ -429,6 +439,7 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
         lines += _start_estimate(explanation.get("startEstimate"), style)
     elif data["status"] in ("SUCCEEDED", "FAILED"):
         lines += ["", f"{style('Why', 'bold')}: the job has finished ({data['status']})."]
+    lines += format_outputs(data.get("outputs") or [], style, "Model and output of the latest attempt")
     last = data.get("lastPreemption")
     if last is not None:
         preemptor = last.get("preemptorJobName") or last["preemptorJobId"]

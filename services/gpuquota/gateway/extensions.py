@@ -36,6 +36,7 @@ def explain(gw: Context, explainer: Explainer | None, ref: str) -> dict[str, Any
         "lastPreemption": job.preemptions[0] if job.preemptions else None,
         "preemptions": list(job.preemptions),
         "history": [{"at": at, "status": status} for at, status in job.history],
+        "outputs": job.attempts[-1].outputs if job.attempts else [],
     }
     found = None if explainer is None or job.terminal else explainer(spec.job_id)
     if found is not None:

@@ -33,6 +33,8 @@ def attempt_dict(attempt: AttemptView) -> dict[str, Any]:
         out["stoppedAt"] = attempt.stopped_at
     if attempt.status_reason:
         out["statusReason"] = attempt.status_reason
+    if attempt.outputs:
+        out["gpuquotaOutputs"] = attempt.outputs  # gpuquota's key: where /opt/ml/model and output are (I6)
     return out
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.node_agent.outcomes import final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
-from gpuquota.node_agent.prepare import exit_path, prepare
+from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepare
 from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook
 from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
 from gpuquota.observe.logs import bind
@@ -84,8 +84,10 @@ class NodeAgent:
         *,
         retry_seconds: float = 0.1,
         max_retry_seconds: float = 5.0,
+        address: str = "",
     ) -> None:
         self.node_id = node_id
+        self.address = address  # how other nodes reach this one (empty: by its node id)
         self.pool = pool
         self.slots = slots
         self.runtime = runtime
@@ -222,11 +224,8 @@ class NodeAgent:
 
     def _register(self) -> None:
         self.registrations += 1
-        self._emit(
-            RegisterNode(
-                **self._meta(), node_id=self.node_id, pool=self.pool, slots=self.slots, attempts=self._known()
-            )
-        )
+        node = {"node_id": self.node_id, "pool": self.pool, "slots": self.slots, "address": self.address}
+        self._emit(RegisterNode(**self._meta(), **node, attempts=self._known()))
 
     def _known(self) -> tuple[NodeAttempt, ...]:
         return tuple(att.known() for att in self._attempts.values())
@@ -442,6 +441,7 @@ class NodeAgent:
             status=status,
             exit_code=exit_code,
             status_reason=reason[:1024] if reason else None,
+            outputs=attempt_outputs(cmd, self.work_dir) if status in FINAL else (),
         )
         att.status = status
         if status in FINAL:

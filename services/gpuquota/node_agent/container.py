@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import ipaddress
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -34,9 +36,11 @@ from gpuquota.node_agent.instances import (
     CONTAINER_MASTER_PORT,
     GroupHandle,
     Instance,
+    gang_port,
     host_name,
     instance_env,
     local_instances,
+    master_address,
 )
 from gpuquota.node_agent.runtime import AdoptRecord, AttemptHandle, LaunchError, LaunchSpec, Outcome, Trace
 from gpuquota.node_agent.sagemaker_contract import InstanceLayout, prepare_instance, read_failure
@@ -165,6 +169,18 @@ def _first(out: str) -> dict[str, Any] | None:
     return None
 
 
+def _ip(address: str) -> str:
+    """An IP address of ``address`` (``--add-host`` takes no host name); :class:`LaunchError` if unknown."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    try:
+        return str(socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (OSError, IndexError):
+        raise LaunchError(f"Cannot resolve the address {address} of a node of the attempt") from None
+
+
 def describe_exit(code: int, oom: bool, failure: str | None) -> str:
     """The reason of a failed container: its failure file, else what its exit code says."""
     if failure:
@@ -282,11 +298,17 @@ class ContainerRuntime:
             raise LaunchError("No image to run: the payload has no AlgorithmSpecification.TrainingImage")
         node = spec.env.get("GPUQUOTA_NODE_ID", "")
         instances = local_instances(spec)
-        network = await self._network(node, spec.attempt_id) if len(instances) > 1 else None
+        # an attempt spread over several nodes uses the hosts' network (see docs/runtimes.md)
+        network = (
+            await self._network(node, spec.attempt_id) if len(instances) > 1 and not spec.peers else None
+        )
+        master, port = host_name(0), CONTAINER_MASTER_PORT
+        if spec.peers:
+            master, port = master_address(spec), gang_port(spec.attempt_id)
         handles: list[ContainerHandle] = []
         try:
             for instance in instances:
-                env = instance_env(spec, instance, host_name(0), CONTAINER_MASTER_PORT)
+                env = instance_env(spec, instance, master, port)
                 layout = prepare_instance(spec, instance, env)
                 name = self.container_name(node, spec.attempt_id, instance)
                 log = self._log(spec, instance)
@@ -299,10 +321,12 @@ class ContainerRuntime:
             if network is not None:
                 await self.engine.remove_network(network)
             raise
-        return self._handle(handles, network)
+        return self._handle(handles, network, bool(spec.peers))
 
-    def _handle(self, handles: list[ContainerHandle], network: str | None) -> AttemptHandle:
-        if len(handles) == 1 and network is None:
+    def _handle(
+        self, handles: list[ContainerHandle], network: str | None, gang: bool = False
+    ) -> AttemptHandle:
+        if len(handles) == 1 and network is None and not gang:
             return handles[0]
 
         async def remove_network() -> None:
@@ -312,7 +336,7 @@ class ContainerRuntime:
         return GroupHandle(handles, [h.host for h in handles], remove_network)
 
     def _log(self, spec: LaunchSpec, instance: Instance) -> Path:
-        if instance.rank == 0:
+        if instance.rank == spec.first_rank:
             return spec.log_path
         return spec.log_path.with_name(f"{spec.log_path.stem}.{instance.host}{spec.log_path.suffix}")
 
@@ -354,6 +378,12 @@ class ContainerRuntime:
         args += [f for key, value in labels.items() for f in ("--label", f"{LABEL}.{key}={value}")]
         if network is not None:
             args += ["--network", network, "--network-alias", instance.host]
+        elif spec.peers:  # across machines: the hosts' network; every instance by its node's address
+            args += [
+                "--network",
+                "host",
+                *(f"--add-host={host}:{_ip(address)}" for host, address in spec.peers),
+            ]
         args += [f for m in layout.mounts for f in ("--mount", m.flag())]
         args += [f for key, value in sorted(env.items()) for f in ("--env", f"{key}={value}")]
         args += self.engine.gpu_flags(instance.gpus)

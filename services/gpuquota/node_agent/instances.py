@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import socket
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpuquota.node_agent.runtime import AttemptHandle, LaunchSpec, Outcome, Trace
 
@@ -22,6 +25,9 @@ from gpuquota.node_agent.runtime import AttemptHandle, LaunchSpec, Outcome, Trac
 CONTAINER_MASTER_PORT = 29500
 #: seconds a failed instance's peers get between SIGTERM and SIGKILL
 PEER_STOP_GRACE = 10.0
+#: ``MASTER_PORT`` of an attempt spread over several nodes: every node derives the same port from the
+#: attempt id, in a range below Linux's ephemeral ports (32768 and up), so no node has to tell the others
+GANG_PORTS = (20000, 10000)
 
 
 @dataclass(frozen=True)
@@ -35,16 +41,55 @@ def host_name(rank: int) -> str:
     return f"algo-{rank + 1}"
 
 
+def rank_of(host: str) -> int:
+    """``algo-K`` -> K - 1."""
+    suffix = host.rsplit("-", 1)[-1]
+    return int(suffix) - 1 if suffix.isdigit() else 0
+
+
 def total_instances(spec: LaunchSpec) -> int:
+    if spec.peers:
+        return len(spec.peers)
     return max(spec.request.instance_count, spec.instances_here)
 
 
 def local_instances(spec: LaunchSpec) -> list[Instance]:
-    """The instances this node runs: one per slot of the attempt (ranks from 0)."""
+    """The instances this node runs: one per slot of the attempt (ranks from ``spec.first_rank``)."""
+    first = spec.first_rank
     if spec.instance_gpus:
-        return [Instance(i, host_name(i), gpus) for i, gpus in enumerate(spec.instance_gpus)]
+        return [Instance(first + i, host_name(first + i), gpus) for i, gpus in enumerate(spec.instance_gpus)]
     visible = spec.env.get("CUDA_VISIBLE_DEVICES", "")
-    return [Instance(0, host_name(0), tuple(int(g) for g in visible.split(",") if g.strip()))]
+    return [Instance(first, host_name(first), tuple(int(g) for g in visible.split(",") if g.strip()))]
+
+
+def master_address(spec: LaunchSpec) -> str:
+    """The address of the node that runs rank 0 (``algo-1``), for an attempt spread over nodes."""
+    return spec.peers[0][1] if spec.peers else "localhost"
+
+
+def gang_port(attempt_id: str) -> int:
+    """``MASTER_PORT`` of an attempt spread over several nodes: the same on every node."""
+    base, span = GANG_PORTS
+    return base + zlib.crc32(attempt_id.encode()) % span
+
+
+def attempt_root(work_dir: Path, attempt_id: str) -> Path:
+    """The attempt's directory on the node: ``<work dir>/attempts/<attempt id>/``, one ``<algo-K>/`` per
+    instance with its ``model/`` and ``output/`` (``/opt/ml/model``, ``/opt/ml/output``), kept (I6)."""
+    return work_dir / "attempts" / re.sub(r"[^A-Za-z0-9._-]", "_", attempt_id)
+
+
+def output_env(spec: LaunchSpec, instance: Instance) -> dict[str, str]:
+    """``SM_MODEL_DIR`` and ``SM_OUTPUT_DIR`` of an instance that runs as a local process (created)."""
+    root = attempt_root(spec.cwd, spec.attempt_id) / instance.host
+    model, output = root / "model", root / "output"
+    (output / "data").mkdir(parents=True, exist_ok=True)
+    model.mkdir(parents=True, exist_ok=True)
+    return {
+        "SM_MODEL_DIR": str(model),
+        "SM_OUTPUT_DIR": str(output),
+        "SM_OUTPUT_DATA_DIR": str(output / "data"),
+    }
 
 
 def instance_env(spec: LaunchSpec, instance: Instance, master_addr: str, master_port: int) -> dict[str, str]:
@@ -135,7 +180,8 @@ class GroupHandle:
         if first is None:
             return Outcome(exit_code=0)
         index, outcome = first
-        reason = f"Instance {self.hosts[index]} (rank {index}) failed: {explain(outcome)}"
+        host = self.hosts[index]
+        reason = f"Instance {host} (rank {rank_of(host)}) failed: {explain(outcome)}"
         return Outcome(exit_code=outcome.exit_code, signal=outcome.signal, reason=reason)
 
     def _stop_peer(self, index: int) -> asyncio.Task[None]:

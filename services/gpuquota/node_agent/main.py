@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ _FLAGS = {
     "logs_port": "logs_port",
     "log_level": "log_level",
     "metrics_port": "metrics_port",
+    "advertise_address": "advertise_address",
 }
 
 
@@ -54,6 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--logs-port", help="serve attempt logs to the gateway on this port (GPUQUOTA_LOGS_PORT, 0: off)")
     add("--log-level", help="DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)")
     add("--metrics-port", help="serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)")
+    add(
+        "--advertise-address",
+        help="how other nodes reach this one (GPUQUOTA_ADVERTISE_ADDRESS, default: host name)",
+    )
     add("--check", action="store_true", help="validate the configuration, print the node as JSON, exit")
 
 
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             "runtime": settings.runtime_kind,
             "container_engine": settings.container_engine,
             "work_dir": str(settings.data_dir),
+            "address": settings.advertise_address or socket.gethostname(),
             "heartbeat_seconds": settings.heartbeat_seconds,
             "preemption_grace": settings.preemption_grace,
             "slots": [s.model_dump() for s in slots],
@@ -129,6 +136,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
             heartbeat_seconds=settings.heartbeat_seconds,
             preemption_grace=settings.preemption_grace,
             logs_port=settings.logs_port or None,
+            address=settings.advertise_address or socket.gethostname(),
         )
         port = settings.metrics_port
         ops = None if port is None else agent_ops(service, settings.kafka, port)

@@ -12,9 +12,11 @@ import os
 import re
 from pathlib import Path
 
+from gpuquota.node_agent.instances import attempt_root, host_name
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
 from gpuquota.node_agent.runtime import LaunchSpec
 from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.inputs import InstanceOutput
 from gpuquota.wire.node_commands import RunAttempt
 
 
@@ -71,7 +73,36 @@ def prepare(
         cwd=work_dir,
         exit_path=exit_path(work_dir, cmd.attempt_id),
         instance_gpus=tuple(slots[i].gpus for i in cmd.slots) if len(cmd.slots) > 1 else (),
+        first_rank=_first_rank(cmd, node_id),
+        peers=tuple((host_name(n.first_rank + i), n.address) for n in cmd.gang for i in range(n.instances)),
     )
+
+
+def attempt_outputs(cmd: RunAttempt, work_dir: Path) -> tuple[InstanceOutput, ...]:
+    """Where the node's instances of ``cmd`` kept ``/opt/ml/model`` and ``/opt/ml/output`` (I6): the
+    directories the runtime made (none: a simulated attempt, or one that never started)."""
+    first = next((n.first_rank for n in cmd.gang if n.node_id == cmd.node_id), 0)
+    root = attempt_root(work_dir.absolute(), cmd.attempt_id)
+    hosts = [host_name(first + i) for i in range(max(1, len(cmd.slots)))]
+    return tuple(
+        InstanceOutput(host=h, model_dir=str(root / h / "model"), output_dir=str(root / h / "output"))
+        for h in hosts
+        if (root / h / "model").is_dir()
+    )
+
+
+def _first_rank(cmd: RunAttempt, node_id: str) -> int:
+    """The rank of this node's first instance in the attempt's gang (0 when the attempt is all here)."""
+    if not cmd.gang:
+        return 0
+    for node in cmd.gang:
+        if node.node_id == node_id:
+            if node.instances != len(cmd.slots):
+                raise BadPayload(
+                    f"Node {node_id} was given {len(cmd.slots)} slots for {node.instances} instances"
+                )
+            return node.first_rank
+    raise BadPayload(f"Node {node_id} is not in the placement of attempt {cmd.attempt_id}")
 
 
 def _checkpoint_dir(cmd: RunAttempt, request: TrainingRequest, work_dir: Path, contained: bool) -> Path:

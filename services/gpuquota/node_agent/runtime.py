@@ -51,6 +51,11 @@ class LaunchSpec:
 
     exit_path: Path | None = None
     """Where the runtime records how the attempt ended, for a restarted agent (None: nowhere)."""
+    first_rank: int = 0
+    """The rank of this node's first instance (an attempt spread over several nodes)."""
+    peers: tuple[tuple[str, str], ...] = ()
+    """(host name, node address) of every instance of an attempt spread over several nodes, in rank
+    order; empty: the whole attempt runs on this node."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class AdoptRecord:
     """The attempt's id (a runtime may name what it started after it: a container, say)."""
     members: tuple[tuple[int | None, int | None], ...] = ()
     """(pid, start time) of every instance's process (multi-instance ``process`` attempts)."""
+    first_rank: int = 0
+    """The rank of the node's first instance (``LaunchSpec.first_rank``)."""
 
 
 class AttemptHandle(Protocol):
@@ -244,23 +251,27 @@ class ProcessRuntime:
                 "or ContainerArguments"
             )
         local = instances.local_instances(spec)
-        port = instances.free_port() if len(local) > 1 else 0
+        if spec.peers:  # the instances on other nodes reach rank 0 at its node's address
+            master, port = instances.master_address(spec), instances.gang_port(spec.attempt_id)
+        else:
+            master, port = "localhost", instances.free_port() if len(local) > 1 else 0
         handles: list[AttemptHandle] = []
         try:
-            for instance in local:
-                env = {**spec.env, **instances.instance_env(spec, instance, "localhost", port)}
+            for index, instance in enumerate(local):
+                env = {**spec.env, **instances.instance_env(spec, instance, master, port)}
+                env |= instances.output_env(spec, instance)
                 log = spec.log_path
-                if instance.rank > 0:
+                if index > 0:
                     log = log.with_name(f"{log.stem}.{instance.host}{log.suffix}")
                 exit_file = member_exit_path(
-                    None if spec.exit_path is None else str(spec.exit_path), instance.host, instance.rank
+                    None if spec.exit_path is None else str(spec.exit_path), instance.host, index
                 )
                 handles.append(await self._start(argv, env, log, spec.cwd, exit_file))
         except BaseException:
             for handle in handles:
                 await handle.reap()
             raise
-        if len(handles) == 1:
+        if len(handles) == 1 and not spec.peers:
             return handles[0]
         return instances.GroupHandle(handles, [i.host for i in local])
 
@@ -322,20 +333,22 @@ class ProcessRuntime:
     def _adopt_group(self, record: AdoptRecord) -> AttemptHandle | None:
         from gpuquota.node_agent import instances
 
+        hosts = [instances.host_name(record.first_rank + i) for i in range(len(record.members))]
         members = [
-            self._adopt_one(pid, started, member_exit_path(record.exit_path, instances.host_name(rank), rank))
-            for rank, (pid, started) in enumerate(record.members)
+            self._adopt_one(pid, started, member_exit_path(record.exit_path, hosts[index], index))
+            for index, (pid, started) in enumerate(record.members)
         ]
         if all(m is None for m in members):
             return None
         # a member whose end is unknown fails the group, which stops the others
         handles: list[AttemptHandle] = [m or _Gone() for m in members]
-        return instances.GroupHandle(handles, [instances.host_name(r) for r in range(len(members))])
+        return instances.GroupHandle(handles, hosts)
 
 
-def member_exit_path(exit_file: str | None, host: str, rank: int) -> str | None:
-    """Instance ``rank``'s exit file: the attempt's own for rank 0, one beside it for the others."""
-    if exit_file is None or rank == 0:
+def member_exit_path(exit_file: str | None, host: str, index: int) -> str | None:
+    """The exit file of the node's instance ``index``: the attempt's own for its first, one beside it
+    for the others."""
+    if exit_file is None or index == 0:
         return exit_file
     path = Path(exit_file)
     return str(path.with_name(f"{path.stem}.{host}{path.suffix}"))
@@ -432,4 +445,13 @@ def describe(record: dict[str, Any]) -> AdoptRecord:
         job_id=str(command.get("job_id", "")),
         attempt_id=str(command.get("attempt_id", "")),
         members=tuple((m[0], m[1]) for m in record.get("members") or () if m),
+        first_rank=_first_rank(command),
     )
+
+
+def _first_rank(command: dict[str, Any]) -> int:
+    """The rank of the node's first instance, from the recorded ``RunAttempt``'s gang."""
+    for node in command.get("gang") or ():
+        if isinstance(node, dict) and node.get("node_id") == command.get("node_id"):
+            return int(node.get("first_rank", 0))
+    return 0

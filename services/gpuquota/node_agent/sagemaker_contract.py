@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from gpuquota.node_agent.instances import Instance, host_name, total_instances
+from gpuquota.node_agent.instances import Instance, attempt_root, host_name, total_instances
 from gpuquota.node_agent.payload import InputChannel
 from gpuquota.node_agent.runtime import LaunchError, LaunchSpec
 
@@ -61,7 +61,7 @@ class InstanceLayout:
 
 
 def attempt_dir(spec: LaunchSpec) -> Path:
-    return spec.cwd / "attempts" / re.sub(r"[^A-Za-z0-9._-]", "_", spec.attempt_id)
+    return attempt_root(spec.cwd, spec.attempt_id)
 
 
 def channel_source(channel: InputChannel) -> Path:

@@ -24,6 +24,7 @@ from gpuquota.wire.base import (
     ServiceEnvironmentSpec,
     SlotOffer,
 )
+from gpuquota.wire.inputs import InstanceOutput
 
 ResourceStatus = Literal["VALID", "DELETING", "DELETED"]
 
@@ -170,7 +171,8 @@ class JobPreempted(Message):
     """S10.3: how long the victim's attempt had been RUNNING (0 if it had not started)."""
 
 
-StopCause = Literal["TERMINATED", "TIMEOUT", "SHARE_DELETED"]
+StopCause = Literal["TERMINATED", "TIMEOUT", "SHARE_DELETED", "INSTANCE_FAILED"]
+"""``INSTANCE_FAILED``: one node's part of an attempt spread over several nodes failed (its reason)."""
 
 
 class JobStopRequested(Message):
@@ -181,6 +183,29 @@ class JobStopRequested(Message):
     attempt_id: str
     cause: StopCause
     status_reason: str
+
+
+class AttemptPartEnded(Message):
+    """One node's part of an attempt placed on several nodes is over while other parts still run: the
+    attempt ends once, when its last part has ended (a failed part first stops the others)."""
+
+    type: Literal["AttemptPartEnded"] = "AttemptPartEnded"
+    job_id: str
+    attempt_id: str
+    node_id: str
+    status: Literal["SUCCEEDED", "FAILED", "STOPPED"]
+    status_reason: str | None = None
+
+
+class AttemptOutputsRecorded(Message):
+    """Where a node kept the attempt's ``/opt/ml/model`` and ``/opt/ml/output`` (its final report's
+    ``outputs``); for the read model: scheduling ignores it."""
+
+    type: Literal["AttemptOutputsRecorded"] = "AttemptOutputsRecorded"
+    job_id: str
+    attempt_id: str
+    node_id: str
+    outputs: tuple[InstanceOutput, ...]
 
 
 class JobPriorityChanged(Message):
@@ -252,6 +277,8 @@ class NodeRegistered(Message):
     slots: tuple[SlotOffer, ...]
     draining: bool = False
     """The node registers while an operator's drain holds (its agent restarted): it stays drained."""
+    address: str = ""
+    """``RegisterNode.address``: how other nodes reach this one (empty: its node id)."""
 
 
 class NodeHeartbeatRecorded(Message):
@@ -294,6 +321,8 @@ SchedulerEvent = Annotated[
     | JobRequeued
     | JobPreempted
     | JobStopRequested
+    | AttemptPartEnded
+    | AttemptOutputsRecorded
     | JobPriorityChanged
     | JobTagsChanged
     | JobBlocked

@@ -142,6 +142,9 @@ class RegisterNode(Input):
     attempts: tuple[NodeAttempt, ...] | None = None
     """Every attempt the node knows (see ``NodeAttempt``): the scheduler reconciles its log with it
     (docs/semantics.md, S5.7). ``None``: an agent (or a logged input) from before reconciliation."""
+    address: Annotated[str, Field(max_length=256)] = ""
+    """How the other nodes reach this one (an IP address or host name), for the instances of an attempt
+    spread over several nodes (I6); empty: its node id."""
 
 
 class NodeHeartbeat(Input):
@@ -168,6 +171,15 @@ class DeregisterNode(Input):
     node_id: str
 
 
+class InstanceOutput(Frozen):
+    """Where one instance of an attempt kept its ``/opt/ml/model`` and ``/opt/ml/output`` on its node."""
+
+    host: str
+    """``algo-K``."""
+    model_dir: str
+    output_dir: str
+
+
 class AttemptReport(Input):
     """A node agent's report on one attempt; idempotent (keyed by attempt id and status)."""
 
@@ -178,6 +190,8 @@ class AttemptReport(Input):
     status: AttemptStatus
     exit_code: int | None = None
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
+    outputs: tuple[InstanceOutput, ...] = ()
+    """Final reports: the directories of the node's instances of the attempt (I6; none: nothing kept)."""
 
 
 class Tick(Input):

@@ -13,7 +13,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from gpuquota.wire.base import Message
+from gpuquota.wire.base import Frozen, Message
+
+
+class GangNode(Frozen):
+    """One node of an attempt's placement: its instances are ranks ``first_rank`` ...
+    ``first_rank + instances - 1`` (hosts ``algo-<rank + 1>``), reached at ``address``."""
+
+    node_id: str
+    instances: Annotated[int, Field(ge=1)]
+    first_rank: Annotated[int, Field(ge=0)]
+    address: str = ""
 
 
 class RunAttempt(Message):
@@ -28,6 +38,9 @@ class RunAttempt(Message):
     gpus: tuple[int, ...] = ()
     payload: str = ""
     """The job's ``serviceRequestPayload``: a SageMaker CreateTrainingJob request as JSON."""
+    gang: tuple[GangNode, ...] = ()
+    """Every node of the attempt in rank order, this one included, so that all agree on the hosts, the
+    ranks and ``MASTER_ADDR`` (the first node's address); empty: the attempt runs on this node only."""
 
 
 class StopAttempt(Message):
