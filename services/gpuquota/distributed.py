@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
+from gpuquota.clock import wall_clock_ms
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
@@ -41,7 +42,6 @@ from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
-from gpuquota.scheduler.shell import wall_clock_ms
 from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 

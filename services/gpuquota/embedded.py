@@ -31,7 +31,7 @@ from gpuquota.node_agent import RUNTIMES, NodeAgent, discover_slots, make_runtim
 from gpuquota.node_agent.container import ENGINES
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
-from gpuquota.observe.metrics import TimedStore, Timings
+from gpuquota.observe.metrics import Timings
 from gpuquota.observe.startup import warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.shell import SchedulerShell
@@ -65,6 +65,10 @@ async def open_store(data_dir: Path | None) -> EventStore:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     return await SqliteEventStore.open(data_dir / STORE_FILE)
+
+
+class SchedulerFailed(Exception):
+    """The scheduler loop failed (fail fast): ``gpuquota up`` exits 1, to be restarted."""
 
 
 class EmbeddedStack:
@@ -114,12 +118,13 @@ class EmbeddedStack:
             self.lock.acquire()  # DirectoryInUse: another stack writes this log
         runtime = make_runtime(self.runtime, self.container_engine)  # ValueError: no engine
         timings = Timings()
-        self.store = TimedStore(await open_store(self.data_dir), timings)
+        self.store = await open_store(self.data_dir)
         shell = self.shell = SchedulerShell(
             self.store,
             ReadModel(self.arns),
             tick_seconds=self.tick_seconds,
             heartbeat_timeout_ms=int(self.heartbeat_seconds * 6000),  # 6 periods, as in the distributed mode
+            on_append=timings.appended,
         )
         folded = await shell.recover()
         log.info("recovered %d log records", folded)
@@ -240,7 +245,7 @@ def run_up(args: argparse.Namespace) -> int:
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         asyncio.run(_serve(stack))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SchedulerFailed) as exc:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -287,7 +292,14 @@ async def _serve(stack: EmbeddedStack) -> None:
         await stack.start()
         gc.freeze()  # what start-up built (modules, the state recovered from the log) is never garbage
         print(f"gpuquota ready on {stack.url}", flush=True)
-        await stopping.wait()
+        assert stack.shell is not None
+        failed = asyncio.ensure_future(stack.shell.wait())
+        stopped = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait((failed, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if failed.done():
+            raise SchedulerFailed(str(failed.result()))
+        failed.cancel()
     finally:
         await stack.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):

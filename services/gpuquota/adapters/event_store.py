@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
@@ -122,23 +122,6 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
-@runtime_checkable
-class BatchAppend(Protocol):
-    """Stores that can record several inputs in one transaction (group commit of the embedded shell).
-
-    ``append_batch(pool, seq, entries)`` is ``append_many(pool, seq, [(m, e, None) ...])``: every store
-    has ``append_many`` now; this shape stays for callers that record no positions.
-    """
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """Record ``entries`` as sequences ``expected_seq + 1 ...``, all or none; return the last one.
-
-        Raises like ``append`` (``DuplicateInput`` if any input is recorded already, also twice in
-        ``entries``; ``StaleWriter``; ``TransientStoreError``), and then records nothing.
-        """
-        ...
-
-
 def first_repeated(input_ids: Sequence[str]) -> str | None:
     """The first id that occurs twice in ``input_ids`` (a batch must not hold an input twice)."""
     seen: set[str] = set()
@@ -198,9 +181,6 @@ class InMemoryEventStore:
                 cursor[(position.topic, position.partition)] = position.next_offset
         seen.update(ids)
         return len(log)
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         wanted = set(input_ids)

@@ -40,7 +40,6 @@ import asyncpg
 from gpuquota.adapters.event_store import (
     BatchEntry,
     DuplicateInput,
-    Entry,
     EventStoreError,
     Position,
     Record,
@@ -185,9 +184,6 @@ class PostgresEventStore:
                 await self._refuse(pool, expected_seq, ids, None)
         return expected_seq + len(entries)
 
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """``append_many`` without positions (``BatchAppend``)."""
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         sql = "SELECT input_id FROM inputs WHERE input_id = ANY($1::text[])"

@@ -31,7 +31,6 @@ from typing import TypeVar
 from gpuquota.adapters.event_store import (
     BatchEntry,
     DuplicateInput,
-    Entry,
     EventStoreError,
     Position,
     Record,
@@ -123,9 +122,6 @@ class SqliteEventStore:
         ]
         return await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
 
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """``append_many`` without positions (``BatchAppend``)."""
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         ids = list(input_ids)

@@ -61,7 +61,7 @@ def _slots_kept(state: ClusterState, job: JobRecord, node_id: str, slots: tuple[
 def heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
     node = ctx.state.nodes.get(m.node_id)
     if node is None or not node.online:
-        # the shells answer with a RegisterAgain node command (``gpuquota.commands``)
+        # the shells answer with a RegisterAgain node command (``gpuquota.scheduler.commands``)
         return reject(ctx, m, f"Node {m.node_id} is not registered; register it again", node_id=m.node_id)
     changed = False
     if m.attempts is not None:

@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gpuquota.arns import ArnFactory
+from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.core.blocked import BLOCKED_CODES
 from gpuquota.core.explain import Explanation
 from gpuquota.gateway.auth import AccessDenied, Keyring, Principal, SignedRequest, verify
@@ -44,7 +45,6 @@ from gpuquota.gateway.errors import ApiError, ClientException
 from gpuquota.gateway.params import Params, check_tags, paginate
 from gpuquota.gateway.ports import CommandPort, CommandRejected
 from gpuquota.readmodel import JobView, ReadModel, ResourceView
-from gpuquota.scheduler.shell import Clock, wall_clock_ms
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
     CapacityLimit,
