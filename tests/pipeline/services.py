@@ -17,7 +17,7 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """``python -m gpuquota.cli <command>``; ``start()`` returns once it printed its ready line."""
+    """``python -m gpuquota <command>``; ``start()`` returns once it printed its ready line."""
 
     def __init__(
         self, command: str, env: dict[str, str], log_path: Path, args: list[str] | None = None
@@ -32,7 +32,7 @@ class ServiceProcess:
     async def start(self, timeout: float = 60) -> None:
         with self.log_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpuquota.cli", self.command, *self.args,
+                sys.executable, "-m", "gpuquota", self.command, *self.args,
                 env=self.env, stdout=asyncio.subprocess.PIPE, stderr=log,
             )  # fmt: skip
         assert self.proc.stdout is not None

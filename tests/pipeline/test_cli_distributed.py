@@ -24,7 +24,7 @@ SCRIPT = "import time\nfor i in range(3):\n    print('line', i, flush=True)\n   
 
 async def gpuquota(*argv: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuquota.cli", *argv,
+        sys.executable, "-m", "gpuquota", *argv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)

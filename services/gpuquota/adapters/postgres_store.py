@@ -184,7 +184,6 @@ class PostgresEventStore:
                 await self._refuse(pool, expected_seq, ids, None)
         return expected_seq + len(entries)
 
-
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         sql = "SELECT input_id FROM inputs WHERE input_id = ANY($1::text[])"
         with _transient():

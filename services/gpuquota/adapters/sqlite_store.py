@@ -45,6 +45,8 @@ from gpuquota.wire.inputs import SchedulerInput
 
 T = TypeVar("T")
 
+STORE_FILE = "events.sqlite3"
+"""The event log's file name in a data directory (``gpuquota up --data-dir``)."""
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -121,7 +123,6 @@ class SqliteEventStore:
             for message, events, position in entries
         ]
         return await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
-
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         ids = list(input_ids)

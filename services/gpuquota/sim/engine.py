@@ -142,7 +142,7 @@ class Replay:
         self._setup(start_ms)
         if first is not None:
             self._push(start_ms, SUBMIT, first, "")
-        from gpuquota.embedded import GC_THRESHOLDS  # the shells' setting: long-lived records
+        from gpuquota.scheduler.loop import GC_THRESHOLDS  # the shells' setting: long-lived records
 
         thresholds = gc.get_threshold()
         gc.collect()

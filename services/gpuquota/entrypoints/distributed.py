@@ -42,6 +42,7 @@ from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
+from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 
@@ -406,12 +407,5 @@ def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | Non
 
         return await serve(start, stop, "gpuquota scheduler ready", service.wait())
 
-    gc.set_threshold(*SCHEDULER_GC_THRESHOLDS)
+    gc.set_threshold(*GC_THRESHOLDS)
     return run_service("gpuquota scheduler", main)
-
-
-SCHEDULER_GC_THRESHOLDS = (20_000, 10, 10)
-"""``gpuquota scheduler``'s garbage collector. With Python's defaults (700, 10, 10) a full collection ran
-every 3-4 s at 1,000 jobs/s and found nothing, but held the event loop for 45-180 ms each time (walking
-faust's, aiokafka's and pydantic's objects): about 3 % of the time, and each pause was added to the
-latency of every input waiting meanwhile. Start-up's objects are frozen out of the collections."""

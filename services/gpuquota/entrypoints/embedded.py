@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
+from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
@@ -34,6 +35,7 @@ from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
 from gpuquota.observe.startup import warn_unknown_variables
 from gpuquota.readmodel import ReadModel
+from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
@@ -42,11 +44,6 @@ from gpuquota.wire.node_commands import NodeCommand
 log = logging.getLogger(__name__)
 
 DEFAULT_NODES = "ml.g5.xlarge=3"
-STORE_FILE = "events.sqlite3"
-GC_THRESHOLDS = (20_000, 10, 10)
-"""``gpuquota up``'s garbage collector: every job stays in memory (state and read model), so with
-Python's defaults (700, 10, 10) the collector ran about every 25 submissions, and a full collection, which
-walks every job (40 ms at 17,000 jobs), every few thousand: 15-35 us of CPU per submission in all."""
 
 
 def node_slots(nodes: str) -> list[tuple[str, tuple[SlotOffer, ...]]]:
@@ -255,7 +252,7 @@ def _run_distributed(
     args: argparse.Namespace, kafka: str, database_url: str, port: int, auth: Keyring | None
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.distributed import DistributedStack, serve
+    from gpuquota.entrypoints.distributed import DistributedStack, serve
     from gpuquota.observe.startup import run_service, wait_for_dependencies
 
     async def main() -> int:

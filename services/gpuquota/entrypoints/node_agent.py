@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
     """Run the agent over Kafka until SIGTERM/SIGINT."""
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.distributed import NodeAgentService, configure_logging, serve
+    from gpuquota.entrypoints.distributed import NodeAgentService, configure_logging, serve
     from gpuquota.node_agent import make_runtime
     from gpuquota.observe.logs import bind
     from gpuquota.observe.services import agent_ops
