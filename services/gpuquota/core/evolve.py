@@ -7,9 +7,10 @@ anything: every choice (which slots, which victims, what outcome) is already in 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from gpuquota.core.hygiene import next_backoff
+from gpuquota.core.lifecycle import JOB_SOURCES, check_transition
 from gpuquota.core.state import (
     RUNNABLE,
     RUNNING,
@@ -39,10 +40,20 @@ def _handles(
 
 
 def evolve(state: ClusterState, event: ev.SchedulerEvent) -> ClusterState:
-    """Apply ``event`` to ``state`` (in place: the state is owned by its caller) and return it."""
+    """Apply ``event`` to ``state`` (in place: the state is owned by its caller) and return it.
+
+    A job event is checked against the job transition table first (``lifecycle.JOB_TRANSITIONS``)."""
+    if type(event) in JOB_SOURCES:
+        _check_job_transition(state, event)
     _HANDLERS[type(event)](state, event)
     state.put("applied", state.applied + 1)
     return state
+
+
+def _check_job_transition(state: ClusterState, event: ev.SchedulerEvent) -> None:
+    job_id: str = event.job.job_id if isinstance(event, ev.JobAccepted) else cast(Any, event).job_id
+    job = state.jobs.get(job_id)
+    check_transition(event, job_id, None if job is None else job.status)
 
 
 def handled_event_types() -> frozenset[type[Any]]:
