@@ -122,6 +122,23 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
+class AppendsOneAsBatch:
+    """A store's ``append``: a batch of one through its ``append_many`` (every store's one append path)."""
+
+    async def append(
+        self,
+        pool: str,
+        expected_seq: int,
+        message: SchedulerInput,
+        events: Sequence[SchedulerEvent],
+        position: Position | None = None,
+    ) -> int:
+        return await self.append_many(pool, expected_seq, [(message, events, position)])
+
+    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
+        raise NotImplementedError
+
+
 def first_repeated(input_ids: Sequence[str]) -> str | None:
     """The first id that occurs twice in ``input_ids`` (a batch must not hold an input twice)."""
     seen: set[str] = set()
@@ -133,32 +150,13 @@ def first_repeated(input_ids: Sequence[str]) -> str | None:
 
 
 @dataclass
-class InMemoryEventStore:
+class InMemoryEventStore(AppendsOneAsBatch):
     """The in-memory twin: same contract, nothing durable."""
 
     logs: dict[str, list[Record]] = field(default_factory=dict)
     seen: dict[str, set[str]] = field(default_factory=dict)
     cursor: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
-
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        log = self.logs.setdefault(pool, [])
-        if message.event_id in self.seen.setdefault(pool, set()):
-            raise DuplicateInput(message.event_id)
-        if expected_seq != len(log):
-            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {len(log)}")
-        log.append(Record(len(log) + 1, message, tuple(events)))
-        self.seen[pool].add(message.event_id)
-        if position is not None:
-            self.cursor.setdefault(pool, {})[(position.topic, position.partition)] = position.next_offset
-        return len(log)
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         if not entries:

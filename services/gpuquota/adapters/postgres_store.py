@@ -38,10 +38,10 @@ from typing import Any, NoReturn
 import asyncpg
 
 from gpuquota.adapters.event_store import (
+    AppendsOneAsBatch,
     BatchEntry,
     DuplicateInput,
     EventStoreError,
-    Position,
     Record,
     Snapshot,
     StaleWriter,
@@ -50,8 +50,6 @@ from gpuquota.adapters.event_store import (
 )
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
 from gpuquota.adapters.migrate import apply_migrations
-from gpuquota.wire.events import SchedulerEvent
-from gpuquota.wire.inputs import SchedulerInput
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -113,7 +111,7 @@ def _transient() -> Iterator[None]:
         raise TransientStoreError(f"postgres: {exc!r}") from exc
 
 
-class PostgresEventStore:
+class PostgresEventStore(AppendsOneAsBatch):
     """``EventStore`` on PostgreSQL. Create it with ``await PostgresEventStore.connect(dsn)``."""
 
     def __init__(self, pool: Any, keep_snapshots: int = 2) -> None:
@@ -147,16 +145,6 @@ class PostgresEventStore:
                 await pool.close()
                 raise
         return store
-
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        return await self.append_many(pool, expected_seq, [(message, events, position)])
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         if not entries:

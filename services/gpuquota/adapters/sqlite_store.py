@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuquota.adapters.event_store import (
+    AppendsOneAsBatch,
     BatchEntry,
     DuplicateInput,
     EventStoreError,
@@ -40,8 +41,6 @@ from gpuquota.adapters.event_store import (
     first_repeated,
 )
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
-from gpuquota.wire.events import SchedulerEvent
-from gpuquota.wire.inputs import SchedulerInput
 
 T = TypeVar("T")
 
@@ -78,7 +77,7 @@ CREATE TABLE snapshots (
 """
 
 
-class SqliteEventStore:
+class SqliteEventStore(AppendsOneAsBatch):
     """``EventStore`` on one SQLite file. Create it with ``await SqliteEventStore.open(path)``."""
 
     def __init__(self, executor: ThreadPoolExecutor, conn: sqlite3.Connection, keep_snapshots: int) -> None:
@@ -103,16 +102,6 @@ class SqliteEventStore:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._conn)
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk I/O error, ...
             raise TransientStoreError(f"sqlite: {exc}") from exc
-
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        return await self.append_many(pool, expected_seq, [(message, events, position)])
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         """Several inputs in one transaction: one commit and one thread hop for all."""
