@@ -83,13 +83,14 @@ class JobStateRecord:
     """The event id of the input that caused the event (header ``input_event_id``)."""
 
 
+JobStates = Sequence[JobStateRecord]
+Commands = Sequence[NodeCommand]
+Results = Sequence[InputResult]
+Deliveries = list[Awaitable[object]]
+
+
 class Publisher(Protocol):
-    async def publish(
-        self,
-        records: Sequence[JobStateRecord],
-        commands: Sequence[NodeCommand],
-        results: Sequence[InputResult] = (),
-    ) -> list[Awaitable[object]]:
+    async def publish(self, records: JobStates, commands: Commands, results: Results = ()) -> Deliveries:
         """Hand the records to the transport, in order; return one delivery awaitable per record."""
         ...
 

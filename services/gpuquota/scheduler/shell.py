@@ -53,19 +53,11 @@ from gpuquota.adapters.log_fold import fold_log
 from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.readmodel import ReadModel
-from gpuquota.scheduler.loop import (
-    Appender,
-    Effects,
-    JobStateRecord,
-    LoopFailed,
-    OnAppend,
-    RetryPolicy,
-    recordable,
-)
+from gpuquota.scheduler import loop
+from gpuquota.scheduler.loop import Commands, Deliveries, JobStates, Results
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import Message
 from gpuquota.wire.events import SchedulerEvent
-from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
 
@@ -88,12 +80,7 @@ class LocalPublisher:
         self.subscribers: list[EventSubscriber] = []
         self._outbox: asyncio.Queue[tuple[list[NodeCommand], list[SchedulerEvent]]] = asyncio.Queue()
 
-    async def publish(
-        self,
-        records: Sequence[JobStateRecord],
-        commands: Sequence[NodeCommand],
-        results: Sequence[InputResult] = (),
-    ) -> list[Awaitable[object]]:
+    async def publish(self, records: JobStates, commands: Commands, results: Results = ()) -> Deliveries:
         """Queue for delivery (nothing waits for an in-process delivery: no awaitables)."""
         if commands or records:
             self._outbox.put_nowait((list(commands), [record.event for record in records]))
@@ -142,7 +129,7 @@ class SchedulerShell:
         heartbeat_timeout_ms: int = 30_000,
         group_commit: bool = True,
         store_retry_seconds: float = 30.0,
-        on_append: OnAppend | None = None,
+        on_append: loop.OnAppend | None = None,
     ) -> None:
         self.store = store
         self.read_model = read_model or ReadModel()
@@ -153,7 +140,8 @@ class SchedulerShell:
         self.state = ClusterState(heartbeat_timeout_ms)
         self.seq = 0
         self.publisher = LocalPublisher()
-        self.appender = Appender(store, RetryPolicy(store_retry_seconds, warn=log.warning), on_append)
+        retry = loop.RetryPolicy(store_retry_seconds, warn=log.warning)
+        self.appender = loop.Appender(store, retry, on_append)
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._batching = group_commit
@@ -190,7 +178,7 @@ class SchedulerShell:
     async def handle(self, message: SchedulerInput) -> list[SchedulerEvent]:
         """Decide, record and apply ``message``; return its events ([] for a duplicate input)."""
         if self.failure is not None:
-            raise LoopFailed(f"the scheduler failed: {self.failure!r}") from self.failure
+            raise loop.LoopFailed(f"the scheduler failed: {self.failure!r}") from self.failure
         if not self._batching:
             async with self._lock:
                 return await self._handle_one(message)
@@ -203,12 +191,12 @@ class SchedulerShell:
     async def _handle_one(self, message: SchedulerInput) -> list[SchedulerEvent]:
         """One input on its own: decide, append, evolve, project (the lock is held)."""
         events = decide(self.state, message)
-        if recordable(message, events):
+        if loop.recordable(message, events):
             try:
                 self.seq = await self.appender.append(self.pool, self.seq, message, events)
             except DuplicateInput:
                 return []
-        effects = Effects()
+        effects = loop.Effects()
         state = self.state
         for event in events:
             effects.before(state, event)
@@ -248,7 +236,7 @@ class SchedulerShell:
             await self._rebuild_state()
         decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]] = []
         entries: list[tuple[SchedulerInput, Sequence[SchedulerEvent], None]] = []
-        effects = Effects()
+        effects = loop.Effects()
         before = effects.before
         self._stale = True  # from the first step until the batch is recorded
         for message, answer in batch:
@@ -266,7 +254,7 @@ class SchedulerShell:
                         evolve(self.state, event)
                 continue
             decided.append((message, answer, events))
-            if recordable(message, events):
+            if loop.recordable(message, events):
                 entries.append((message, events, None))
         try:
             if entries:
@@ -317,7 +305,7 @@ class SchedulerShell:
 
     def _fail_if_fatal(self, exc: BaseException) -> None:
         """The loop's failure policy: an unreachable store (after its retries) fails the shell."""
-        if isinstance(exc, LoopFailed):
+        if isinstance(exc, loop.LoopFailed):
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
