@@ -21,22 +21,10 @@ if TYPE_CHECKING:
 
 NOT_IMPLEMENTED = 2
 
-#: flag dest -> settings field
-_FLAGS = {
-    "kafka": "kafka",
-    "node_id": "node_id",
-    "pool": "pool",
-    "gpus": "gpus",
-    "slots": "slots",
-    "runtime": "runtime",
-    "container_engine": "container_engine",
-    "work_dir": "data_dir",
-    "heartbeat_seconds": "heartbeat_seconds",
-    "preemption_grace": "preemption_grace",
-    "logs_port": "logs_port",
-    "log_level": "log_level",
-    "metrics_port": "metrics_port",
-}
+_SAME_NAME = "kafka node_id pool gpus slots runtime container_engine heartbeat_seconds preemption_grace"
+#: flag dest -> settings field (the same name, but ``--work-dir`` sets ``data_dir``)
+_FLAGS = {name: name for name in f"{_SAME_NAME} logs_port log_level metrics_port".split()}
+_FLAGS["work_dir"] = "data_dir"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
