@@ -359,16 +359,27 @@ def _count_slots(node: NodeRecord) -> dict[str, int]:
 
 def _withdraw(state: ClusterState, node: NodeRecord) -> None:
     """Take a usable node's slots out of the pool counters (it drains, leaves or is replaced)."""
+    _count_node(state, node, -1)
+
+
+def _contribute(state: ClusterState, node: NodeRecord) -> None:
+    """Add a usable node's slots to the pool counters (it registers or is undrained)."""
+    _count_node(state, node, 1)
+
+
+def _count_node(state: ClusterState, node: NodeRecord, sign: int) -> None:
     if not node.usable:
         return
     slots = state.child(state.pool_slots, node.pool, dict)
-    free = state.child(state.pool_free, node.pool, dict)
+    free_counts = state.child(state.pool_free, node.pool, dict)
     for unit, count in _count_slots(node).items():
-        state.dict_add(slots, unit, -count)
-        state.dict_add(free, unit, -len(node.free.get(unit, ())))
-        index = state.free_index.get((node.pool, unit))
-        if index is not None:
-            state.list_discard(index, (len(node.free.get(unit, ())), node.node_id))
+        free = len(node.free.get(unit, ()))
+        state.dict_add(slots, unit, sign * count)
+        state.dict_add(free_counts, unit, sign * free)
+        if sign > 0:
+            _reindex(state, node, unit, 0)
+        elif (index := state.free_index.get((node.pool, unit))) is not None:
+            state.list_discard(index, (free, node.node_id))
 
 
 @_handles(ev.NodeRegistered)
@@ -387,18 +398,6 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
     node.draining = event.draining
     state.dict_set(state.nodes, node.node_id, node)
     _contribute(state, node)
-
-
-def _contribute(state: ClusterState, node: NodeRecord) -> None:
-    """Add a usable node's slots to the pool counters (it registers or is undrained)."""
-    if not node.usable:
-        return
-    slots = state.child(state.pool_slots, node.pool, dict)
-    free_counts = state.child(state.pool_free, node.pool, dict)
-    for unit, count in _count_slots(node).items():
-        state.dict_add(slots, unit, count)
-        state.dict_add(free_counts, unit, len(node.free.get(unit, ())))
-        _reindex(state, node, unit, 0)
 
 
 @_handles(ev.NodeHeartbeatRecorded)

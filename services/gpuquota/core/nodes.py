@@ -150,21 +150,20 @@ def heartbeat_granularity(state: ClusterState) -> int:
 
 
 def drain(ctx: Context, m: inp.DrainNode) -> bool:
-    node = ctx.state.nodes.get(m.node_id)
-    if node is None or not node.online:
-        return reject(ctx, m, f"Node {m.node_id} is not registered")
-    if not node.draining:
-        ctx.emit(ev.NodeDraining, node_id=m.node_id)
-    return True
+    return _set_draining(ctx, m, True)
 
 
 def undrain(ctx: Context, m: inp.UndrainNode) -> bool:
     """An operator puts a drained node back in service (``gpuquota nodes undrain``)."""
+    return _set_draining(ctx, m, False)
+
+
+def _set_draining(ctx: Context, m: inp.DrainNode | inp.UndrainNode, draining: bool) -> bool:
     node = ctx.state.nodes.get(m.node_id)
     if node is None or not node.online:
         return reject(ctx, m, f"Node {m.node_id} is not registered")
-    if node.draining:
-        ctx.emit(ev.NodeUndrained, node_id=m.node_id)
+    if node.draining != draining:
+        ctx.emit(ev.NodeDraining if draining else ev.NodeUndrained, node_id=m.node_id)
     return True
 
 
