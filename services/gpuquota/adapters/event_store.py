@@ -80,8 +80,11 @@ class EventStore(Protocol):
         events: Sequence[SchedulerEvent],
         position: Position | None = None,
     ) -> int:
-        """Record ``message`` and its events as sequence ``expected_seq + 1``; return that sequence."""
-        ...
+        """Record ``message`` and its events as sequence ``expected_seq + 1``; return that sequence.
+
+        Every store records through ``append_many``: a store that subclasses ``EventStore`` inherits this
+        batch of one."""
+        return await self.append_many(pool, expected_seq, [(message, events, position)])
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         """Record ``entries`` in order as sequences ``expected_seq + 1 ...`` in one transaction.
@@ -122,23 +125,6 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
-class AppendsOneAsBatch:
-    """A store's ``append``: a batch of one through its ``append_many`` (every store's one append path)."""
-
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        return await self.append_many(pool, expected_seq, [(message, events, position)])
-
-    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
-        raise NotImplementedError
-
-
 def first_repeated(input_ids: Sequence[str]) -> str | None:
     """The first id that occurs twice in ``input_ids`` (a batch must not hold an input twice)."""
     seen: set[str] = set()
@@ -150,7 +136,7 @@ def first_repeated(input_ids: Sequence[str]) -> str | None:
 
 
 @dataclass
-class InMemoryEventStore(AppendsOneAsBatch):
+class InMemoryEventStore(EventStore):
     """The in-memory twin: same contract, nothing durable."""
 
     logs: dict[str, list[Record]] = field(default_factory=dict)

@@ -38,9 +38,9 @@ from typing import Any, NoReturn
 import asyncpg
 
 from gpuquota.adapters.event_store import (
-    AppendsOneAsBatch,
     BatchEntry,
     DuplicateInput,
+    EventStore,
     EventStoreError,
     Record,
     Snapshot,
@@ -111,7 +111,7 @@ def _transient() -> Iterator[None]:
         raise TransientStoreError(f"postgres: {exc!r}") from exc
 
 
-class PostgresEventStore(AppendsOneAsBatch):
+class PostgresEventStore(EventStore):
     """``EventStore`` on PostgreSQL. Create it with ``await PostgresEventStore.connect(dsn)``."""
 
     def __init__(self, pool: Any, keep_snapshots: int = 2) -> None:

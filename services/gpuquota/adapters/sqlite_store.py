@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuquota.adapters.event_store import (
-    AppendsOneAsBatch,
     BatchEntry,
     DuplicateInput,
+    EventStore,
     EventStoreError,
     Position,
     Record,
@@ -77,7 +77,7 @@ CREATE TABLE snapshots (
 """
 
 
-class SqliteEventStore(AppendsOneAsBatch):
+class SqliteEventStore(EventStore):
     """``EventStore`` on one SQLite file. Create it with ``await SqliteEventStore.open(path)``."""
 
     def __init__(self, executor: ThreadPoolExecutor, conn: sqlite3.Connection, keep_snapshots: int) -> None:
