@@ -56,7 +56,7 @@ REPORT_TRANSITIONS: dict[JobStatus, dict[str, ReportMeaning]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Exception):
     """An event for a job in a status its transition does not start from (a bug in ``decide``)."""
 
 
