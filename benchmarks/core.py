@@ -24,7 +24,7 @@ from typing import Any
 from benchmarks.report import print_result
 from gpuquota import _native
 from gpuquota.core import ClusterState, decide, evolve, step
-from gpuquota.embedded import GC_THRESHOLDS
+from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
@@ -199,7 +199,7 @@ def run(
     gc.collect()
     thresholds = gc.get_threshold()
     if tune_gc:
-        # As both shells do once they have loaded their state (gpuquota.embedded, gpuquota.distributed).
+        # As both shells do once they have loaded their state (gpuquota.entrypoints: embedded, distributed).
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
     gc_settings = f"thresholds {'/'.join(map(str, gc.get_threshold()))}, frozen after the fill: {tune_gc}"

@@ -349,8 +349,8 @@ def serve_mode(mode: str) -> int:
     aiohttp server answering every POST with a fixed JSON body."""
     from aiohttp import web
 
-    from gpuquota.distributed import serve
-    from gpuquota.embedded import EmbeddedStack
+    from gpuquota.entrypoints.distributed import serve
+    from gpuquota.entrypoints.embedded import EmbeddedStack
 
     if mode == "memory":
         stack = EmbeddedStack(None, port=0, nodes=f"{UNIT}=3", runtime="simulated")
@@ -379,7 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elif args.store == "memory":
             command = ["-m", "benchmarks.gateway", "--serve", "memory"]
         else:
-            command = ["-m", "gpuquota.cli", "up", "--port", "0", "--data-dir", data_dir]
+            command = ["-m", "gpuquota", "up", "--port", "0", "--data-dir", data_dir]
             command += ["--runtime", "simulated", "--nodes", f"{UNIT}=3"]
         server = Server(command, args.profile)
         workload = Workload(args.seed)

@@ -196,7 +196,7 @@ class Watch:
 async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
     with log_path.open("ab") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuquota.cli", "scheduler",
+            sys.executable, "-m", "gpuquota", "scheduler",
             env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=log,
         )  # fmt: skip
     assert proc.stdout is not None

@@ -244,7 +244,7 @@ def _run_service(make: Callable[[], _Service], timeout: float) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _embedded(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStack]:
-    from gpuquota.embedded import EmbeddedStack
+    from gpuquota.entrypoints.embedded import EmbeddedStack
 
     def make() -> EmbeddedStack:
         return EmbeddedStack(
@@ -258,8 +258,8 @@ def _embedded(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStack]:
 @contextlib.contextmanager
 def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStack]:
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.distributed import DistributedStack
-    from gpuquota.embedded import node_slots
+    from gpuquota.entrypoints.distributed import DistributedStack
+    from gpuquota.entrypoints.embedded import node_slots
     from gpuquota.node_agent import make_runtime
 
     kafka, database_url = options.kafka, options.database_url

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuquota.cli import main
+from gpuquota.entrypoints.cli import main
 from tests.gateway.conftest import StackThread
 from tests.gateway.helpers import status, submit, worked_example
 

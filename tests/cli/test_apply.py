@@ -158,7 +158,7 @@ def test_apply_shares_into_an_existing_queue(stack: StackThread, cli: Cli, tmp_p
 def test_bad_files_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -169,7 +169,7 @@ def test_bad_files_are_one_line_errors(
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     assert main(["apply", "-f", str(tmp_path / "nope.yaml")]) == 1
     assert (

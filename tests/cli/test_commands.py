@@ -244,7 +244,7 @@ def test_endpoint_from_the_environment(stack: StackThread, cli: Cli, monkeypatch
 def test_connection_refused(
     argv: tuple[str, ...], closed_port: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     assert main([*argv, "--endpoint", closed_port]) == 1
     captured = capsys.readouterr()
@@ -254,7 +254,7 @@ def test_connection_refused(
 
 
 def test_invalid_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     assert main(["shares", "--endpoint", "localhost:8642"]) == 1
     assert capsys.readouterr().err == (

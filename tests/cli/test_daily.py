@@ -198,7 +198,7 @@ def test_a_drain_survives_sigkill_of_gpuquota_up(tmp_path: Path, capsys: pytest.
 
     port = free_port()
     cli = Cli(capsys, f"http://127.0.0.1:{port}")
-    up = [sys.executable, "-m", "gpuquota.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "d")]
+    up = [sys.executable, "-m", "gpuquota", "up", "--port", str(port), "--data-dir", str(tmp_path / "d")]
     up += ["--runtime", "simulated"]
 
     def node_state() -> str | None:
@@ -230,7 +230,7 @@ def test_watch_redraws_in_place_on_a_terminal(stack: StackThread) -> None:
     import subprocess
 
     play_worked_example(stack)
-    argv = [sys.executable, "-m", "gpuquota.cli", "--endpoint", stack.url, "nodes", "-w"]
+    argv = [sys.executable, "-m", "gpuquota", "--endpoint", stack.url, "nodes", "-w"]
     argv += ["--interval", "0.1", "--frames", "2"]
     for no_color in (False, True):
         env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm", "COLUMNS": "120"}

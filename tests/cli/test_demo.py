@@ -46,7 +46,7 @@ def test_demo_with_its_own_stack_and_real_processes(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(temp)}
     env.pop("GPUQUOTA_ENDPOINT", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli", "demo", "--output-dir", str(out_dir)],
+        [sys.executable, "-m", "gpuquota", "demo", "--output-dir", str(out_dir)],
         capture_output=True,
         text=True,
         env=env,
@@ -126,7 +126,7 @@ def test_demo_fails_when_the_pool_is_too_small(tmp_path: Path, capsys: pytest.Ca
 def test_demo_connection_refused(
     closed_port: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     assert main(["demo", "--endpoint", closed_port, "--output-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err

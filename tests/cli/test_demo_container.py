@@ -23,7 +23,7 @@ def test_demo_runs_the_worked_example_in_containers(tmp_path: Path) -> None:
     env.pop("GPUQUOTA_ENDPOINT", None)
     argv = ["demo", "--runtime", "container", "--output-dir", str(tmp_path / "out"), "--step-timeout", "90"]
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli", *argv], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "gpuquota", *argv], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "container runtime" in proc.stdout and "3/3 steps passed" in proc.stdout

@@ -18,7 +18,6 @@ import pytest
 import pytest_asyncio
 
 from gpuquota.adapters.event_store import (
-    BatchAppend,
     BatchEntry,
     DuplicateInput,
     EventStore,
@@ -286,25 +285,27 @@ async def test_a_new_store_object_sees_everything(backend: Backend) -> None:
     assert await reader.append("p", len(log), *sample_log("next-")[0]) == len(log) + 1
 
 
-# ----- group commit (``BatchAppend``: the stores of the embedded mode) --------------------------------
+# ----- group commit without positions (the embedded mode's batches) ---------------------------------
 
 
-async def test_append_batch_records_all_or_nothing(store: EventStore) -> None:
-    if not isinstance(store, BatchAppend):
-        pytest.skip(f"{type(store).__name__} appends one input at a time")
+def unplaced(entries: list[Entry]) -> list[BatchEntry]:
+    return [(message, events, None) for message, events in entries]
+
+
+async def test_append_many_without_positions_records_all_or_nothing(store: EventStore) -> None:
     log = sample_log()
-    assert await store.append_batch("p", 0, log[:3]) == 3
+    assert await store.append_many("p", 0, unplaced(log[:3])) == 3
     assert await store.append("p", 3, *log[3]) == 4
-    assert await store.append_batch("p", 4, log[4:6]) == 6
+    assert await store.append_many("p", 4, unplaced(log[4:6])) == 6
     assert await store.read("p") == records(log[:6])
 
     for bad in ([log[6], log[1]], [log[6], log[6]]):  # recorded before; twice in the batch
         with pytest.raises(DuplicateInput):
-            await store.append_batch("p", 6, bad)
+            await store.append_many("p", 6, unplaced(bad))
     with pytest.raises(StaleWriter):
-        await store.append_batch("p", 5, log[6:8])
+        await store.append_many("p", 5, unplaced(log[6:8]))
     assert await store.read("p") == records(log[:6])
-    assert await store.append_batch("p", 6, log[6:]) == len(log)
+    assert await store.append_many("p", 6, unplaced(log[6:])) == len(log)
     assert await store.read("p") == records(log)
 
 

@@ -28,7 +28,7 @@ import pytest_asyncio
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
-from gpuquota.distributed import GatewayService
+from gpuquota.entrypoints.distributed import GatewayService
 from gpuquota.wire.events import SchedulerEvent
 from tests.pipeline.services import ServiceProcess
 

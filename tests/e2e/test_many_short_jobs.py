@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpuquota.adapters.sqlite_store import SqliteEventStore
-from gpuquota.embedded import STORE_FILE
+from gpuquota.adapters.sqlite_store import STORE_FILE, SqliteEventStore
 from gpuquota.testing import StackOptions, start_stack
 from gpuquota.wire import events as ev
 from gpuquota.wire.events import SchedulerEvent

@@ -21,7 +21,7 @@ from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.ctl.api import Api
 from gpuquota.ctl.commands import format_explain, format_job
 from gpuquota.ctl.render import Style
-from gpuquota.embedded import LOCAL_ADDRESS, EmbeddedStack
+from gpuquota.entrypoints.embedded import LOCAL_ADDRESS, EmbeddedStack
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, procs
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import SlotOffer

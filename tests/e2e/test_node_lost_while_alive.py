@@ -27,8 +27,8 @@ import pytest_asyncio
 
 from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
 from gpuquota.core.state import ClusterState
-from gpuquota.distributed import DistributedStack
-from gpuquota.embedded import EmbeddedStack, node_slots
+from gpuquota.entrypoints.distributed import DistributedStack
+from gpuquota.entrypoints.embedded import EmbeddedStack, node_slots
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, procs
 from gpuquota.wire import events as ev
 from gpuquota.wire.events import SchedulerEvent

@@ -22,8 +22,7 @@ import pytest_asyncio
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
-from gpuquota.adapters.sqlite_store import SqliteEventStore
-from gpuquota.embedded import STORE_FILE
+from gpuquota.adapters.sqlite_store import STORE_FILE, SqliteEventStore
 from tests.e2e.faults import Client, Figures, Up, check, kill_leftovers, settle, setup_queue, statuses
 
 pytestmark = pytest.mark.slow

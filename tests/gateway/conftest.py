@@ -33,7 +33,7 @@ import boto3
 import pytest
 
 from gpuquota.core import ClusterState
-from gpuquota.embedded import EmbeddedStack
+from gpuquota.entrypoints.embedded import EmbeddedStack
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.scheduler.shell import SchedulerShell
@@ -276,7 +276,7 @@ class DistributedStackThread(_Helpers):
         pool: str | None = None,
         decision_timeout: float = DECIDED_WITHIN,
     ) -> None:
-        from gpuquota.distributed import GatewayService
+        from gpuquota.entrypoints.distributed import GatewayService
 
         self.backend = backend
         self.auth = auth

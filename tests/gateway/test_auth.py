@@ -296,7 +296,7 @@ def test_keys_file_yaml_json_and_errors(tmp_path: Path) -> None:
 def test_up_and_gateway_refuse_a_bad_keys_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     assert main(["up", "--data-dir", str(tmp_path), "--auth-keys", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read auth keys file" in capsys.readouterr().err
@@ -312,7 +312,7 @@ def test_up_and_gateway_refuse_a_bad_keys_file(
 def test_cli_signs_with_the_environments_key(
     secured: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     job_id = submit(secured.client, "cli-job", share="QS1")
     url = secured.stack.url
@@ -344,7 +344,7 @@ def test_cli_node_and_log_commands_are_signed_and_authorized(
 ) -> None:
     """``gpuquota nodes`` (and drain, a signed POST) need an administrator; ``jobs logs`` a key of the
     job's share."""
-    from gpuquota.cli import main
+    from gpuquota.entrypoints.cli import main
 
     job_id = submit(secured.client, "logs-job", share="QS1")
 

@@ -163,7 +163,7 @@ def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], Any]:
     env["GPUQUOTA_PORT"] = "0"
     argv = ["up", "--data-dir", str(data_dir), "--runtime", "container", "--nodes", f"{G5}=3"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuquota.cli", *argv],
+        [sys.executable, "-m", "gpuquota", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

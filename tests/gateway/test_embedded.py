@@ -59,7 +59,7 @@ def test_gpuquota_up_starts_serves_and_stops(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL")}
     env["GPUQUOTA_PORT"] = "0"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuquota.cli", "up", "--data-dir", str(tmp_path), "--runtime", "simulated"],
+        [sys.executable, "-m", "gpuquota", "up", "--data-dir", str(tmp_path), "--runtime", "simulated"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -89,7 +89,7 @@ def test_gpuquota_up_starts_serves_and_stops(tmp_path: Path) -> None:
 def test_gpuquota_up_distributed_mode_needs_kafka_and_database() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL")}
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli", "up", "--kafka", "localhost:9092"],
+        [sys.executable, "-m", "gpuquota", "up", "--kafka", "localhost:9092"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuquota.cli import main
+from gpuquota.entrypoints.cli import main
 from gpuquota.node_agent import (
     INSTANCE_TYPE_GPUS,
     BadPayload,

@@ -113,7 +113,7 @@ def test_unknown_variables_name_the_closest_known_one() -> None:
 def _service(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUQUOTA_")}
     return subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli", command],
+        [sys.executable, "-m", "gpuquota", command],
         env={**clean, "GPUQUOTA_STARTUP_TIMEOUT": "1", **env},
         capture_output=True,
         text=True,

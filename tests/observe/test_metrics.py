@@ -99,7 +99,7 @@ def _up(data_dir: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
             [
                 sys.executable,
                 "-m",
-                "gpuquota.cli",
+                "gpuquota",
                 "up",
                 "--data-dir",
                 str(data_dir),

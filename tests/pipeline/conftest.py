@@ -22,6 +22,7 @@ from gpuquota.adapters.postgres_store import PostgresEventStore
 from gpuquota.scheduler.faust_app import SchedulerConfig
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
+from tests.pipeline.services import Services
 
 PARTITIONS = 2
 
@@ -62,6 +63,18 @@ async def topics(kafka_bootstrap: str, run_id: str) -> KafkaTopics:
     names = KafkaTopics(f"it-{run_id}.")
     await ensure_topics(kafka_bootstrap, names, partitions=PARTITIONS)
     return names
+
+
+@pytest_asyncio.fixture
+async def services(
+    kafka_bootstrap: str, database_url: str, topics: KafkaTopics, pool: str, tmp_path: Path
+) -> AsyncIterator[Services]:
+    """Build the test's service processes; they are killed (and their logs printed) at the end."""
+    made = Services(kafka_bootstrap, database_url, topics.prefix, pool, tmp_path)
+    try:
+        yield made
+    finally:
+        await made.close()
 
 
 @pytest_asyncio.fixture

@@ -17,7 +17,7 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """``python -m gpuquota.cli <command>``; ``start()`` returns once it printed its ready line."""
+    """``python -m gpuquota <command>``; ``start()`` returns once it printed its ready line."""
 
     def __init__(
         self, command: str, env: dict[str, str], log_path: Path, args: list[str] | None = None
@@ -32,7 +32,7 @@ class ServiceProcess:
     async def start(self, timeout: float = 60) -> None:
         with self.log_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpuquota.cli", self.command, *self.args,
+                sys.executable, "-m", "gpuquota", self.command, *self.args,
                 env=self.env, stdout=asyncio.subprocess.PIPE, stderr=log,
             )  # fmt: skip
         assert self.proc.stdout is not None
@@ -72,3 +72,53 @@ class ServiceProcess:
         if self.proc.returncode is None:
             self.proc.kill()
         await self.proc.wait()
+
+
+class Services:
+    """The ``gpuquota`` services of one test, configured for its broker, database, topics and pool.
+
+    ``scheduler()``, ``gateway()`` and ``node_agent()`` build a ``ServiceProcess`` with the common
+    variables plus the given ones; the ``services`` fixture kills whatever is still running at the end
+    and prints each one's log tail (shown when the test failed).
+    """
+
+    def __init__(self, kafka: str, database_url: str, prefix: str, pool: str, tmp_path: Path) -> None:
+        self.common = {"GPUQUOTA_KAFKA": kafka, "GPUQUOTA_TOPIC_PREFIX": prefix, "GPUQUOTA_POOL": pool}
+        self.database = {"GPUQUOTA_DATABASE_URL": database_url}
+        self.tmp_path = tmp_path
+        self.made: list[ServiceProcess] = []
+
+    def _make(self, command: str, env: dict[str, str], log: str, args: list[str] | None) -> ServiceProcess:
+        service = ServiceProcess(command, {**self.common, **env}, self.tmp_path / log, args=args)
+        self.made.append(service)
+        return service
+
+    def scheduler(self, args: list[str] | None = None, **env: str) -> ServiceProcess:
+        data = {"GPUQUOTA_DATA_DIR": str(self.tmp_path / "sched")}
+        return self._make("scheduler", {**self.database, **data, **env}, "scheduler.log", args)
+
+    def gateway(self, port: int, **env: str) -> ServiceProcess:
+        env = {**self.database, "GPUQUOTA_PORT": str(port), **env}
+        return self._make("gateway", env, "gateway.log", None)
+
+    def node_agent(
+        self,
+        node_id: str,
+        log: str = "agent.log",
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ServiceProcess:
+        agent = {
+            "GPUQUOTA_NODE_ID": node_id,
+            "GPUQUOTA_SLOTS": "ml.g5.xlarge=3",
+            "GPUQUOTA_RUNTIME": "simulated",
+            "GPUQUOTA_HEARTBEAT_SECONDS": "1",
+            "GPUQUOTA_DATA_DIR": str(self.tmp_path / "node"),
+        }
+        return self._make("node-agent", {**agent, **(env or {})}, log, args)
+
+    async def close(self) -> None:
+        for service in self.made:
+            print(f"----- {service.command} ({service.log_path.name})\n{service.tail()}")
+            if service.proc is not None:
+                await service.kill()

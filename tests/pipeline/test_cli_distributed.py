@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from pathlib import Path
 
 import boto3
 import pytest
 
-from gpuquota.adapters.kafka import KafkaTopics
 from tests.gateway.helpers import worked_example
-from tests.pipeline.services import ServiceProcess, free_port
+from tests.pipeline.services import Services, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 50 s on a loaded machine
 
@@ -24,7 +22,7 @@ SCRIPT = "import time\nfor i in range(3):\n    print('line', i, flush=True)\n   
 
 async def gpuquota(*argv: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuquota.cli", *argv,
+        sys.executable, "-m", "gpuquota", *argv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
@@ -32,75 +30,35 @@ async def gpuquota(*argv: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_submit_follow_logs_and_drain_across_processes(
-    kafka_bootstrap: str, database_url: str, topics: KafkaTopics, pool: str, tmp_path: Path
-) -> None:
-    common = {
-        "GPUQUOTA_KAFKA": kafka_bootstrap,
-        "GPUQUOTA_TOPIC_PREFIX": topics.prefix,
-        "GPUQUOTA_POOL": pool,
-    }
+async def test_submit_follow_logs_and_drain_across_processes(services: Services) -> None:
     port, logs_port = free_port(), free_port()
-    database = {"GPUQUOTA_DATABASE_URL": database_url}
-    services = [
-        ServiceProcess(
-            "scheduler", {**common, **database, "GPUQUOTA_DATA_DIR": str(tmp_path / "s")}, tmp_path / "s.log"
-        ),
-        ServiceProcess(
-            "gateway",
-            {
-                **common,
-                **database,
-                "GPUQUOTA_PORT": str(port),
-                "GPUQUOTA_NODE_LOGS_URL": f"http://{{node_id}}:{logs_port}",
-            },
-            tmp_path / "gateway.log",
-        ),
-        ServiceProcess(
-            "node-agent",
-            {
-                **common,
-                "GPUQUOTA_NODE_ID": NODE,
-                "GPUQUOTA_SLOTS": "ml.g5.xlarge=3",
-                "GPUQUOTA_RUNTIME": "process",
-                "GPUQUOTA_HEARTBEAT_SECONDS": "1",
-                "GPUQUOTA_DATA_DIR": str(tmp_path / "node"),
-            },
-            tmp_path / "agent.log",
-            args=["--logs-port", str(logs_port)],
-        ),
+    running = [
+        services.scheduler(),
+        services.gateway(port, GPUQUOTA_NODE_LOGS_URL=f"http://{{node_id}}:{logs_port}"),
+        services.node_agent(NODE, args=["--logs-port", str(logs_port)], env={"GPUQUOTA_RUNTIME": "process"}),
     ]
     endpoint = ("--endpoint", f"http://127.0.0.1:{port}")
-    try:
-        await asyncio.gather(*(service.start() for service in services))
-        batch = boto3.client(
-            "batch",
-            endpoint_url=endpoint[1],
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="y",
-        )
-        await asyncio.to_thread(worked_example, batch)
-        rc, out, err = await gpuquota(
-            *endpoint, "jobs", "submit", "--queue", "jq", "--share", "QS1", "--unit", "ml.g5.xlarge",
-            "--", sys.executable, "-c", SCRIPT,
-        )  # fmt: skip
-        assert rc == 0, err
-        job_id = out.strip()
-        rc, out, err = await gpuquota(*endpoint, "jobs", "logs", job_id, "--follow")
-        assert (rc, out) == (0, "line 0\nline 1\nline 2\n"), err
+    await asyncio.gather(*(service.start() for service in running))
+    batch = boto3.client(
+        "batch",
+        endpoint_url=endpoint[1],
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
+    )
+    await asyncio.to_thread(worked_example, batch)
+    rc, out, err = await gpuquota(
+        *endpoint, "jobs", "submit", "--queue", "jq", "--share", "QS1", "--unit", "ml.g5.xlarge",
+        "--", sys.executable, "-c", SCRIPT,
+    )  # fmt: skip
+    assert rc == 0, err
+    job_id = out.strip()
+    rc, out, err = await gpuquota(*endpoint, "jobs", "logs", job_id, "--follow")
+    assert (rc, out) == (0, "line 0\nline 1\nline 2\n"), err
 
-        rc, out, err = await gpuquota(*endpoint, "-o", "json", "nodes", "drain", NODE)
-        assert (rc, json.loads(out)) == (0, {"nodeId": NODE, "state": "DRAINING"}), err
-        rc, out, err = await gpuquota(*endpoint, "nodes", "-o", "json")
-        (node,) = json.loads(out)["nodes"]
-        assert (node["nodeId"], node["state"], node["slots"]) == (NODE, "DRAINING", {"ml.g5.xlarge": 3})
-        assert all(service.alive for service in services)
-    except BaseException:
-        for service in services:
-            print(f"----- {service.command}\n{service.tail()}")
-        raise
-    finally:
-        for service in services:
-            if service.proc is not None:
-                await service.kill()
+    rc, out, err = await gpuquota(*endpoint, "-o", "json", "nodes", "drain", NODE)
+    assert (rc, json.loads(out)) == (0, {"nodeId": NODE, "state": "DRAINING"}), err
+    rc, out, err = await gpuquota(*endpoint, "nodes", "-o", "json")
+    (node,) = json.loads(out)["nodes"]
+    assert (node["nodeId"], node["state"], node["slots"]) == (NODE, "DRAINING", {"ml.g5.xlarge": 3})
+    assert all(service.alive for service in running)

@@ -31,7 +31,7 @@ async def test_demo_runs_the_worked_example_on_the_distributed_stack(
     try:
         await up.start()
         demo = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuquota.cli", "demo",
+            sys.executable, "-m", "gpuquota", "demo",
             "--endpoint", f"http://127.0.0.1:{port}", "--output-dir", str(tmp_path / "demo"),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip

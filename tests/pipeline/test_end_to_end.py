@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from gpuquota.adapters.kafka import KafkaTopics
-from gpuquota.distributed import DistributedStack
+from gpuquota.entrypoints.distributed import DistributedStack
 from gpuquota.events import EventsClient, Transition
 from gpuquota.node_agent import SimulatedRuntime
 from gpuquota.wire import events as ev

@@ -12,70 +12,32 @@ import pytest
 from gpuquota.adapters.kafka import KafkaTopics
 from tests.gateway.helpers import payload, status, submit, worked_example
 from tests.pipeline.conftest import wait_until
-from tests.pipeline.services import ServiceProcess, free_port
+from tests.pipeline.services import ServiceProcess, Services, free_port
 
 pytestmark = pytest.mark.integration
 
 
-async def test_three_services_run_a_job_to_success(
-    kafka_bootstrap: str, database_url: str, topics: KafkaTopics, pool: str, run_id: str, tmp_path: Path
-) -> None:
-    common = {
-        "GPUQUOTA_KAFKA": kafka_bootstrap,
-        "GPUQUOTA_TOPIC_PREFIX": topics.prefix,
-        "GPUQUOTA_POOL": pool,
-    }
+async def test_three_services_run_a_job_to_success(services: Services, run_id: str) -> None:
     port = free_port()
-    scheduler = ServiceProcess(
-        "scheduler",
-        {**common, "GPUQUOTA_DATABASE_URL": database_url, "GPUQUOTA_DATA_DIR": str(tmp_path / "sched")},
-        tmp_path / "scheduler.log",
+    running = [services.scheduler(), services.gateway(port), services.node_agent(f"node-{run_id}")]
+    await asyncio.gather(*(service.start() for service in running))
+    batch = boto3.client(
+        "batch",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
     )
-    gateway = ServiceProcess(
-        "gateway",
-        {**common, "GPUQUOTA_DATABASE_URL": database_url, "GPUQUOTA_PORT": str(port)},
-        tmp_path / "gateway.log",
-    )
-    agent = ServiceProcess(
-        "node-agent",
-        {
-            **common,
-            "GPUQUOTA_NODE_ID": f"node-{run_id}",
-            "GPUQUOTA_SLOTS": "ml.g5.xlarge=3",
-            "GPUQUOTA_RUNTIME": "simulated",
-            "GPUQUOTA_HEARTBEAT_SECONDS": "1",
-            "GPUQUOTA_DATA_DIR": str(tmp_path / "node"),
-        },
-        tmp_path / "agent.log",
-    )
-    services = [scheduler, gateway, agent]
-    try:
-        await asyncio.gather(*(service.start() for service in services))
-        batch = boto3.client(
-            "batch",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="y",
-        )
-        await asyncio.to_thread(worked_example, batch)
-        sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
-        job_id = await asyncio.to_thread(submit, batch, "train", "QS2", serviceRequestPayload=sim)
+    await asyncio.to_thread(worked_example, batch)
+    sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
+    job_id = await asyncio.to_thread(submit, batch, "train", "QS2", serviceRequestPayload=sim)
 
-        async def succeeded() -> bool:
-            return await asyncio.to_thread(status, batch, job_id) == "SUCCEEDED"
+    async def succeeded() -> bool:
+        return await asyncio.to_thread(status, batch, job_id) == "SUCCEEDED"
 
-        await wait_until(succeeded, 30, "the job to succeed")
-        assert all(service.alive for service in services)
-        assert [await service.stop() for service in services] == [0, 0, 0]
-    except BaseException:
-        for service in services:
-            print(f"----- {service.command}\n{service.tail()}")
-        raise
-    finally:
-        for service in services:
-            if service.proc is not None:
-                await service.kill()
+    await wait_until(succeeded, 30, "the job to succeed")
+    assert all(service.alive for service in running)
+    assert [await service.stop() for service in running] == [0, 0, 0]
 
 
 async def test_gpuquota_up_distributed_mode(

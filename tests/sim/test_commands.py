@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.cli import main
+from gpuquota.entrypoints.cli import main
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "examples" / "worked-example.yaml"
 OTHER = """\

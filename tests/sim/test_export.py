@@ -17,10 +17,9 @@ import pytest
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.postgres_store import PostgresEventStore
-from gpuquota.adapters.sqlite_store import SqliteEventStore
-from gpuquota.cli import main
+from gpuquota.adapters.sqlite_store import STORE_FILE, SqliteEventStore
 from gpuquota.core import ClusterState, step
-from gpuquota.embedded import STORE_FILE
+from gpuquota.entrypoints.cli import main
 from gpuquota.sim.config import load_configuration
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobSpec

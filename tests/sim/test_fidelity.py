@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.adapters.sqlite_store import SqliteEventStore
-from gpuquota.cli import main
-from gpuquota.embedded import STORE_FILE
+from gpuquota.adapters.sqlite_store import STORE_FILE, SqliteEventStore
+from gpuquota.entrypoints.cli import main
 from gpuquota.sim.config import load_configuration
 from gpuquota.sim.engine import simulate
 from gpuquota.sim.export import records

@@ -1,4 +1,4 @@
-"""gpuquota.cli: a thin argparse dispatcher."""
+"""gpuquota.entrypoints.cli: a thin argparse dispatcher."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from gpuquota import __version__
-from gpuquota.cli import main
+from gpuquota.entrypoints.cli import main
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,7 +37,7 @@ def test_usage_errors_exit_2() -> None:
 
 def test_module_entry_point() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli", "version"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "gpuquota", "version"], capture_output=True, text=True, check=False
     )
     assert (proc.returncode, proc.stdout.strip()) == (0, f"gpuquota {__version__}")
 
@@ -65,7 +65,7 @@ def test_a_bad_flag_prints_the_subcommands_usage(capsys: pytest.CaptureFixture[s
 
 
 def test_global_options_before_or_after_the_subcommand() -> None:
-    from gpuquota.cli import build_parser, parse
+    from gpuquota.entrypoints.cli import build_parser, parse
 
     parser = build_parser()
     for argv in (
@@ -102,7 +102,7 @@ def test_completion_completes_subcommands_and_flags() -> None:
         "_ARGCOMPLETE_STDOUT_FILENAME": "/dev/stdout",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuquota.cli"],
+        [sys.executable, "-m", "gpuquota"],
         env=env,
         capture_output=True,
         text=True,

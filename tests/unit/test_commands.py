@@ -1,9 +1,9 @@
-"""``gpuquota.commands.node_commands``: the node commands derived from decided events."""
+"""``gpuquota.scheduler.commands.node_commands``: the node commands derived from decided events."""
 
 from __future__ import annotations
 
-from gpuquota.commands import node_commands
 from gpuquota.core import ClusterState
+from gpuquota.scheduler.commands import node_commands
 from gpuquota.wire import events as ev
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, RegisterAgain
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuquota import docs_config
-from gpuquota.cli import build_parser
+from gpuquota.entrypoints.cli import build_parser
 from gpuquota.settings import SERVICE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]

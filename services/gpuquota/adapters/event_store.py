@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
@@ -80,8 +80,11 @@ class EventStore(Protocol):
         events: Sequence[SchedulerEvent],
         position: Position | None = None,
     ) -> int:
-        """Record ``message`` and its events as sequence ``expected_seq + 1``; return that sequence."""
-        ...
+        """Record ``message`` and its events as sequence ``expected_seq + 1``; return that sequence.
+
+        Every store records through ``append_many``: a store that subclasses ``EventStore`` inherits this
+        batch of one."""
+        return await self.append_many(pool, expected_seq, [(message, events, position)])
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         """Record ``entries`` in order as sequences ``expected_seq + 1 ...`` in one transaction.
@@ -122,23 +125,6 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
-@runtime_checkable
-class BatchAppend(Protocol):
-    """Stores that can record several inputs in one transaction (group commit of the embedded shell).
-
-    ``append_batch(pool, seq, entries)`` is ``append_many(pool, seq, [(m, e, None) ...])``: every store
-    has ``append_many`` now; this shape stays for callers that record no positions.
-    """
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """Record ``entries`` as sequences ``expected_seq + 1 ...``, all or none; return the last one.
-
-        Raises like ``append`` (``DuplicateInput`` if any input is recorded already, also twice in
-        ``entries``; ``StaleWriter``; ``TransientStoreError``), and then records nothing.
-        """
-        ...
-
-
 def first_repeated(input_ids: Sequence[str]) -> str | None:
     """The first id that occurs twice in ``input_ids`` (a batch must not hold an input twice)."""
     seen: set[str] = set()
@@ -150,32 +136,13 @@ def first_repeated(input_ids: Sequence[str]) -> str | None:
 
 
 @dataclass
-class InMemoryEventStore:
+class InMemoryEventStore(EventStore):
     """The in-memory twin: same contract, nothing durable."""
 
     logs: dict[str, list[Record]] = field(default_factory=dict)
     seen: dict[str, set[str]] = field(default_factory=dict)
     cursor: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
-
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        log = self.logs.setdefault(pool, [])
-        if message.event_id in self.seen.setdefault(pool, set()):
-            raise DuplicateInput(message.event_id)
-        if expected_seq != len(log):
-            raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {len(log)}")
-        log.append(Record(len(log) + 1, message, tuple(events)))
-        self.seen[pool].add(message.event_id)
-        if position is not None:
-            self.cursor.setdefault(pool, {})[(position.topic, position.partition)] = position.next_offset
-        return len(log)
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         if not entries:
@@ -198,9 +165,6 @@ class InMemoryEventStore:
                 cursor[(position.topic, position.partition)] = position.next_offset
         seen.update(ids)
         return len(log)
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         wanted = set(input_ids)

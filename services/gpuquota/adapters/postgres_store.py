@@ -40,9 +40,8 @@ import asyncpg
 from gpuquota.adapters.event_store import (
     BatchEntry,
     DuplicateInput,
-    Entry,
+    EventStore,
     EventStoreError,
-    Position,
     Record,
     Snapshot,
     StaleWriter,
@@ -51,8 +50,6 @@ from gpuquota.adapters.event_store import (
 )
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
 from gpuquota.adapters.migrate import apply_migrations
-from gpuquota.wire.events import SchedulerEvent
-from gpuquota.wire.inputs import SchedulerInput
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -114,7 +111,7 @@ def _transient() -> Iterator[None]:
         raise TransientStoreError(f"postgres: {exc!r}") from exc
 
 
-class PostgresEventStore:
+class PostgresEventStore(EventStore):
     """``EventStore`` on PostgreSQL. Create it with ``await PostgresEventStore.connect(dsn)``."""
 
     def __init__(self, pool: Any, keep_snapshots: int = 2) -> None:
@@ -149,16 +146,6 @@ class PostgresEventStore:
                 raise
         return store
 
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        return await self.append_many(pool, expected_seq, [(message, events, position)])
-
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         if not entries:
             return expected_seq
@@ -184,10 +171,6 @@ class PostgresEventStore:
             if count != len(entries):
                 await self._refuse(pool, expected_seq, ids, None)
         return expected_seq + len(entries)
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """``append_many`` without positions (``BatchAppend``)."""
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         sql = "SELECT input_id FROM inputs WHERE input_id = ANY($1::text[])"

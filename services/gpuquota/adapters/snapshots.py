@@ -2,8 +2,9 @@
 
 The state is a graph of slotted objects, sorted lists and frozen wire models; pickle keeps it exact
 (including the journal cell the records share) and fast. The format is tied to the classes in
-``gpuquota.core.state``: bump ``SNAPSHOT_SCHEMA_VERSION`` whenever a change to them (new slots,
-renamed attributes, different index types) would make an old snapshot load into a wrong state.
+``gpuquota.core.records`` and ``gpuquota.core.state``: bump ``SNAPSHOT_SCHEMA_VERSION`` whenever a
+change to them (new slots, renamed attributes, different index types) would make an old snapshot load
+into a wrong state.
 ``load_state`` refuses any other version with ``SnapshotVersionMismatch``; the caller then ignores
 the snapshot and rebuilds the state by replaying the log.
 

@@ -31,7 +31,7 @@ from typing import TypeVar
 from gpuquota.adapters.event_store import (
     BatchEntry,
     DuplicateInput,
-    Entry,
+    EventStore,
     EventStoreError,
     Position,
     Record,
@@ -41,11 +41,11 @@ from gpuquota.adapters.event_store import (
     first_repeated,
 )
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
-from gpuquota.wire.events import SchedulerEvent
-from gpuquota.wire.inputs import SchedulerInput
 
 T = TypeVar("T")
 
+STORE_FILE = "events.sqlite3"
+"""The event log's file name in a data directory (``gpuquota up --data-dir``)."""
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -77,7 +77,7 @@ CREATE TABLE snapshots (
 """
 
 
-class SqliteEventStore:
+class SqliteEventStore(EventStore):
     """``EventStore`` on one SQLite file. Create it with ``await SqliteEventStore.open(path)``."""
 
     def __init__(self, executor: ThreadPoolExecutor, conn: sqlite3.Connection, keep_snapshots: int) -> None:
@@ -103,16 +103,6 @@ class SqliteEventStore:
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk I/O error, ...
             raise TransientStoreError(f"sqlite: {exc}") from exc
 
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        return await self.append_many(pool, expected_seq, [(message, events, position)])
-
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
         """Several inputs in one transaction: one commit and one thread hop for all."""
         if not entries:
@@ -122,10 +112,6 @@ class SqliteEventStore:
             for message, events, position in entries
         ]
         return await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        """``append_many`` without positions (``BatchAppend``)."""
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         ids = list(input_ids)

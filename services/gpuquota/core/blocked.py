@@ -16,7 +16,7 @@ The scheduling pass records each change of a share's blocked head as ``JobBlocke
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, cast
 
 from gpuquota.core.context import Context
 from gpuquota.core.quota import environment_limit, share_max_usage
@@ -83,6 +83,6 @@ def record_blocked(ctx: Context, environment: ServiceEnvironmentSpec, shares: li
                 job_id=target[0],
                 job_queue=share.key[0],
                 quota_share=share.key[1],
-                code=target[1],
+                code=cast(ev.BlockedCode, target[1]),  # one of BLOCKED_CODES
                 status_reason=target[2],
             )

@@ -8,17 +8,28 @@ heads whose unit changed: a freed slot of ``ml.g5.xlarge`` cannot let an ``ml.p4
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, overload
 
 from pydantic import BaseModel
 
 from gpuquota.core.evolve import evolve
 from gpuquota.core.state import RUNNABLE, ClusterState, ShareKey, ShareRecord
 from gpuquota.wire import events as ev
-from gpuquota.wire.base import Message
+from gpuquota.wire.base import (
+    JobQueueSpec,
+    JobSpec,
+    Message,
+    Placement,
+    QuotaShareSpec,
+    SchedulingPolicySpec,
+    ServiceEnvironmentSpec,
+    SlotOffer,
+)
 from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.inputs import InstanceOutput
 
 E = TypeVar("E", bound=Message)
+DispatchPhase = Literal["IN_QUOTA", "BORROW", "HOLD"]
 M = TypeVar("M", bound=BaseModel)
 EventHook = Callable[[ClusterState, SchedulerEvent], None]
 """Called with each event just before it is applied (``step``): the state it changes, as it was."""
@@ -97,6 +108,225 @@ class Context:
         self.events: list[SchedulerEvent] = []
         self.dirty: set[str] | None = set()
         """Units whose figures or heads changed; ``None`` means every unit."""
+
+    # Typed construction: one signature per event type, checked by mypy at every ``emit`` (the fields
+    # of the wire model, without the ids and time ``emit`` adds); at run time only the one below exists.
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.InputRejected],
+        *,
+        input_event_id: str,
+        input_type: str,
+        reason: str,
+        job_id: str | None = ...,
+        node_id: str | None = ...,
+    ) -> ev.InputRejected: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.SchedulingPolicyChanged],
+        *,
+        spec: SchedulingPolicySpec,
+        status: Literal["VALID", "DELETING", "DELETED"] = ...,
+    ) -> ev.SchedulingPolicyChanged: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.ServiceEnvironmentChanged],
+        *,
+        spec: ServiceEnvironmentSpec,
+        status: Literal["VALID", "DELETING", "DELETED"] = ...,
+    ) -> ev.ServiceEnvironmentChanged: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobQueueChanged],
+        *,
+        spec: JobQueueSpec,
+        status: Literal["VALID", "DELETING", "DELETED"] = ...,
+    ) -> ev.JobQueueChanged: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.QuotaShareChanged],
+        *,
+        spec: QuotaShareSpec,
+        status: Literal["VALID", "DELETING", "DELETED"] = ...,
+    ) -> ev.QuotaShareChanged: ...
+
+    @overload
+    def emit(self, event_type: type[ev.JobAccepted], *, job: JobSpec) -> ev.JobAccepted: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobDispatched],
+        *,
+        job_id: str,
+        attempt_id: str,
+        attempt_number: int,
+        unit: str,
+        count: int,
+        placements: tuple[Placement, ...],
+        phase: Literal["IN_QUOTA", "BORROW", "HOLD"],
+        borrowed: int,
+    ) -> ev.JobDispatched: ...
+
+    @overload
+    def emit(self, event_type: type[ev.JobStarting], *, job_id: str, attempt_id: str) -> ev.JobStarting: ...
+
+    @overload
+    def emit(self, event_type: type[ev.JobRunning], *, job_id: str, attempt_id: str) -> ev.JobRunning: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.JobSucceeded], *, job_id: str, attempt_id: str, status_reason: str = ...
+    ) -> ev.JobSucceeded: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobFailed],
+        *,
+        job_id: str,
+        attempt_id: str | None = ...,
+        status_reason: str,
+        is_terminated: bool = ...,
+        preempted: bool = ...,
+    ) -> ev.JobFailed: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobRequeued],
+        *,
+        job_id: str,
+        attempt_id: str,
+        cause: Literal["RETRY", "PREEMPTED", "NODE_LOST", "HANDED_BACK"],
+        status_reason: str,
+    ) -> ev.JobRequeued: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobPreempted],
+        *,
+        job_id: str,
+        attempt_id: str,
+        preemptor_job_id: str,
+        preemptor_share: str,
+        victim_share: str,
+        kind: Literal["CROSS_SHARE", "IN_SHARE"],
+        status_reason: str,
+        figures: ev.PreemptionFigures,
+        victim_runtime_ms: int = ...,
+    ) -> ev.JobPreempted: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobStopRequested],
+        *,
+        job_id: str,
+        attempt_id: str,
+        cause: ev.StopCause,
+        status_reason: str,
+    ) -> ev.JobStopRequested: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.AttemptPartEnded],
+        *,
+        job_id: str,
+        attempt_id: str,
+        node_id: str,
+        status: Literal["SUCCEEDED", "FAILED", "STOPPED"],
+        status_reason: str | None = ...,
+    ) -> ev.AttemptPartEnded: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.AttemptOutputsRecorded],
+        *,
+        job_id: str,
+        attempt_id: str,
+        node_id: str,
+        outputs: tuple[InstanceOutput, ...],
+    ) -> ev.AttemptOutputsRecorded: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.JobPriorityChanged], *, job_id: str, priority: int
+    ) -> ev.JobPriorityChanged: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.JobTagsChanged], *, job_id: str, tags: dict[str, str]
+    ) -> ev.JobTagsChanged: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.JobBlocked],
+        *,
+        job_id: str,
+        job_queue: str,
+        quota_share: str,
+        code: Literal[
+            "MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE",
+            "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED",
+            "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+        ],
+        status_reason: str,
+    ) -> ev.JobBlocked: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.JobUnblocked], *, job_id: str, job_queue: str, quota_share: str
+    ) -> ev.JobUnblocked: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.PreemptionHoldReleased], *, job_id: str, reason: str
+    ) -> ev.PreemptionHoldReleased: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.AttemptFenced], *, node_id: str, job_id: str, attempt_id: str, reason: str
+    ) -> ev.AttemptFenced: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.NodeRegistered],
+        *,
+        node_id: str,
+        pool: str,
+        slots: tuple[SlotOffer, ...],
+        draining: bool = ...,
+        address: str = ...,
+    ) -> ev.NodeRegistered: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.NodeHeartbeatRecorded], *, node_id: str
+    ) -> ev.NodeHeartbeatRecorded: ...
+
+    @overload
+    def emit(self, event_type: type[ev.NodeDraining], *, node_id: str) -> ev.NodeDraining: ...
+
+    @overload
+    def emit(self, event_type: type[ev.NodeUndrained], *, node_id: str) -> ev.NodeUndrained: ...
+
+    @overload
+    def emit(self, event_type: type[ev.NodeLost], *, node_id: str, reason: str) -> ev.NodeLost: ...
 
     def emit(self, event_type: type[E], **fields: Any) -> E:
         """Create the event (ids derive from the input's id: ``<input id>/<n>``), apply it, keep it."""

@@ -264,6 +264,7 @@ def _start_share_deletion(ctx: Context, share: ShareRecord, reason: str) -> None
     for job in sorted(_jobs_of_share(state, share), key=lambda j: j.job_id):
         if job.dispatched:
             if job.stop is None or job.stop.cause != "TERMINATED":
+                assert job.attempt_id is not None  # dispatched
                 ctx.emit(
                     ev.JobStopRequested,
                     job_id=job.job_id,
@@ -350,6 +351,7 @@ def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
         return True
     if job.stop is not None and job.stop.cause == "TERMINATED":
         return False
+    assert job.attempt_id is not None  # dispatched
     ctx.emit(
         ev.JobStopRequested,
         job_id=job.job_id,

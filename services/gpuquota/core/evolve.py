@@ -7,9 +7,10 @@ anything: every choice (which slots, which victims, what outcome) is already in 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from gpuquota.core.hygiene import next_backoff
+from gpuquota.core.lifecycle import JOB_SOURCES, check_transition
 from gpuquota.core.state import (
     RUNNABLE,
     RUNNING,
@@ -39,10 +40,20 @@ def _handles(
 
 
 def evolve(state: ClusterState, event: ev.SchedulerEvent) -> ClusterState:
-    """Apply ``event`` to ``state`` (in place: the state is owned by its caller) and return it."""
+    """Apply ``event`` to ``state`` (in place: the state is owned by its caller) and return it.
+
+    A job event is checked against the job transition table first (``lifecycle.JOB_TRANSITIONS``)."""
+    if type(event) in JOB_SOURCES:
+        _check_job_transition(state, event)
     _HANDLERS[type(event)](state, event)
     state.put("applied", state.applied + 1)
     return state
+
+
+def _check_job_transition(state: ClusterState, event: ev.SchedulerEvent) -> None:
+    job_id: str = event.job.job_id if isinstance(event, ev.JobAccepted) else cast(Any, event).job_id
+    job = state.jobs.get(job_id)
+    check_transition(event, job_id, None if job is None else job.status)
 
 
 def handled_event_types() -> frozenset[type[Any]]:
@@ -361,16 +372,27 @@ def _count_slots(node: NodeRecord) -> dict[str, int]:
 
 def _withdraw(state: ClusterState, node: NodeRecord) -> None:
     """Take a usable node's slots out of the pool counters (it drains, leaves or is replaced)."""
+    _count_node(state, node, -1)
+
+
+def _contribute(state: ClusterState, node: NodeRecord) -> None:
+    """Add a usable node's slots to the pool counters (it registers or is undrained)."""
+    _count_node(state, node, 1)
+
+
+def _count_node(state: ClusterState, node: NodeRecord, sign: int) -> None:
     if not node.usable:
         return
     slots = state.child(state.pool_slots, node.pool, dict)
-    free = state.child(state.pool_free, node.pool, dict)
+    free_counts = state.child(state.pool_free, node.pool, dict)
     for unit, count in _count_slots(node).items():
-        state.dict_add(slots, unit, -count)
-        state.dict_add(free, unit, -len(node.free.get(unit, ())))
-        index = state.free_index.get((node.pool, unit))
-        if index is not None:
-            state.list_discard(index, (len(node.free.get(unit, ())), node.node_id))
+        free = len(node.free.get(unit, ()))
+        state.dict_add(slots, unit, sign * count)
+        state.dict_add(free_counts, unit, sign * free)
+        if sign > 0:
+            _reindex(state, node, unit, 0)
+        elif (index := state.free_index.get((node.pool, unit))) is not None:
+            state.list_discard(index, (free, node.node_id))
 
 
 @_handles(ev.NodeRegistered)
@@ -390,18 +412,6 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
     node.address = event.address
     state.dict_set(state.nodes, node.node_id, node)
     _contribute(state, node)
-
-
-def _contribute(state: ClusterState, node: NodeRecord) -> None:
-    """Add a usable node's slots to the pool counters (it registers or is undrained)."""
-    if not node.usable:
-        return
-    slots = state.child(state.pool_slots, node.pool, dict)
-    free_counts = state.child(state.pool_free, node.pool, dict)
-    for unit, count in _count_slots(node).items():
-        state.dict_add(slots, unit, count)
-        state.dict_add(free_counts, unit, len(node.free.get(unit, ())))
-        _reindex(state, node, unit, 0)
 
 
 @_handles(ev.NodeHeartbeatRecorded)

@@ -1,4 +1,10 @@
-"""The job lifecycle (semantics S5) as data: which node reports are legal in which job state.
+"""The job lifecycle (semantics S5) as data: which events and node reports are legal in which job state.
+
+``JOB_TRANSITIONS[event type]`` is the complete table of the events that concern one job: the statuses
+the job may be in when the event is applied (``NEW``: the job is not in the state yet) and the status
+it is in afterwards (``SAME``: unchanged; SUCCEEDED and FAILED jobs leave the core's state).
+``evolve`` checks every job event against it (``check_transition``), so a ``decide`` that emitted an
+illegal transition fails at once instead of corrupting the state.
 
 ``REPORT_TRANSITIONS[status][report]`` says what a node agent's report means for a job whose current
 attempt it names: ``"apply"`` (a legal transition), ``"duplicate"`` (already applied: reports are
@@ -11,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from gpuquota.wire import events as ev
 from gpuquota.wire.base import ExitRule, JobStatus
 
 ReportMeaning = Literal["apply", "duplicate", "stale"]
@@ -47,6 +54,54 @@ REPORT_TRANSITIONS: dict[JobStatus, dict[str, ReportMeaning]] = {
         "STOPPED": "apply",
     },
 }
+
+
+class IllegalTransition(Exception):
+    """An event for a job in a status its transition does not start from (a bug in ``decide``)."""
+
+
+NEW = None
+"""The job is not in the state yet (its ``JobAccepted``)."""
+SAME = None
+"""The job keeps its status."""
+
+_QUEUED = frozenset({JobStatus.RUNNABLE})
+_DISPATCHED = frozenset({JobStatus.SCHEDULED, JobStatus.STARTING, JobStatus.RUNNING})
+_LIVE = _QUEUED | _DISPATCHED
+_ANY = _LIVE | {NEW}
+"""Facts that may outlive the job: tags of a finished job, a share's blocked head that has left."""
+
+JOB_TRANSITIONS: dict[type[ev.SchedulerEvent], tuple[frozenset[JobStatus | None], JobStatus | None]] = {
+    ev.JobAccepted: (frozenset({NEW}), JobStatus.RUNNABLE),
+    ev.JobDispatched: (_QUEUED, JobStatus.SCHEDULED),
+    ev.JobStarting: (frozenset({JobStatus.SCHEDULED}), JobStatus.STARTING),
+    ev.JobRunning: (frozenset({JobStatus.SCHEDULED, JobStatus.STARTING}), JobStatus.RUNNING),
+    ev.JobSucceeded: (_DISPATCHED, JobStatus.SUCCEEDED),
+    ev.JobFailed: (_LIVE, JobStatus.FAILED),
+    ev.JobRequeued: (_DISPATCHED, JobStatus.RUNNABLE),
+    ev.JobPreempted: (_DISPATCHED, SAME),
+    ev.JobStopRequested: (_DISPATCHED, SAME),
+    ev.AttemptPartEnded: (_DISPATCHED, SAME),
+    ev.AttemptOutputsRecorded: (_DISPATCHED, SAME),
+    ev.JobPriorityChanged: (_LIVE, SAME),
+    ev.JobTagsChanged: (_ANY, SAME),
+    ev.JobBlocked: (_QUEUED, SAME),
+    ev.JobUnblocked: (_ANY, SAME),
+}
+"""Per job event: (statuses it may be applied in, the status after it)."""
+
+JOB_SOURCES: dict[type[ev.SchedulerEvent], frozenset[JobStatus | None]] = {
+    event_type: sources for event_type, (sources, _) in JOB_TRANSITIONS.items()
+}
+
+
+def check_transition(event: ev.SchedulerEvent, job_id: str, status: JobStatus | None) -> None:
+    """Raise ``IllegalTransition`` if ``event`` may not be applied to job ``job_id`` in ``status``
+    (``None``: the job is not in the state)."""
+    sources = JOB_SOURCES.get(type(event))
+    if sources is not None and status not in sources:
+        now = status or "NEW (not in the state)"
+        raise IllegalTransition(f"{event.type} for job {job_id} in status {now}")
 
 
 def glob_matches(pattern: str, text: str) -> bool:

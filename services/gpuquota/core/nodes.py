@@ -63,7 +63,7 @@ def _slots_kept(state: ClusterState, job: JobRecord, node_id: str, slots: tuple[
 def heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
     node = ctx.state.nodes.get(m.node_id)
     if node is None or not node.online:
-        # the shells answer with a RegisterAgain node command (``gpuquota.commands``)
+        # the shells answer with a RegisterAgain node command (``gpuquota.scheduler.commands``)
         return reject(ctx, m, f"Node {m.node_id} is not registered; register it again", node_id=m.node_id)
     changed = False
     if m.attempts is not None:
@@ -154,21 +154,20 @@ def heartbeat_granularity(state: ClusterState) -> int:
 
 
 def drain(ctx: Context, m: inp.DrainNode) -> bool:
-    node = ctx.state.nodes.get(m.node_id)
-    if node is None or not node.online:
-        return reject(ctx, m, f"Node {m.node_id} is not registered")
-    if not node.draining:
-        ctx.emit(ev.NodeDraining, node_id=m.node_id)
-    return True
+    return _set_draining(ctx, m, True)
 
 
 def undrain(ctx: Context, m: inp.UndrainNode) -> bool:
     """An operator puts a drained node back in service (``gpuquota nodes undrain``)."""
+    return _set_draining(ctx, m, False)
+
+
+def _set_draining(ctx: Context, m: inp.DrainNode | inp.UndrainNode, draining: bool) -> bool:
     node = ctx.state.nodes.get(m.node_id)
     if node is None or not node.online:
         return reject(ctx, m, f"Node {m.node_id} is not registered")
-    if node.draining:
-        ctx.emit(ev.NodeUndrained, node_id=m.node_id)
+    if node.draining != draining:
+        ctx.emit(ev.NodeDraining if draining else ev.NodeUndrained, node_id=m.node_id)
     return True
 
 

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 from gpuquota.core.context import Context
 from gpuquota.core.lifecycle import REPORT_TRANSITIONS, algorithm_error, retry_allowed
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.inputs import SchedulerInput
+
+FinalReport = Literal["SUCCEEDED", "FAILED", "STOPPED"]
 
 
 def reject(
@@ -118,14 +122,28 @@ def part_ended_early(ctx: Context, job: JobRecord, m: inp.AttemptReport) -> bool
     over = {node for node, _ in job.parts_over}
     if not {p.node_id for p in job.placements} - over - {m.node_id}:
         return False
-    assert job.attempt_id is not None
-    fields = {"job_id": job.job_id, "attempt_id": job.attempt_id}
-    ctx.emit(ev.AttemptPartEnded, **fields, node_id=m.node_id, status=m.status, status_reason=m.status_reason)
-    if m.status != "SUCCEEDED" and job.stop is None:
+    attempt_id = job.attempt_id
+    assert attempt_id is not None
+    status = cast(FinalReport, m.status)  # its STARTING and RUNNING reports never get here
+    ctx.emit(
+        ev.AttemptPartEnded,
+        job_id=job.job_id,
+        attempt_id=attempt_id,
+        node_id=m.node_id,
+        status=status,
+        status_reason=m.status_reason,
+    )
+    if status != "SUCCEEDED" and job.stop is None:
         reason = failure_reason(m)
-        if m.status == "STOPPED":
-            reason = m.status_reason or f"Attempt {job.attempt_id} was handed back by node {m.node_id}"
-        ctx.emit(ev.JobStopRequested, **fields, cause="INSTANCE_FAILED", status_reason=reason)
+        if status == "STOPPED":
+            reason = m.status_reason or f"Attempt {attempt_id} was handed back by node {m.node_id}"
+        ctx.emit(
+            ev.JobStopRequested,
+            job_id=job.job_id,
+            attempt_id=attempt_id,
+            cause="INSTANCE_FAILED",
+            status_reason=reason,
+        )
     return True
 
 

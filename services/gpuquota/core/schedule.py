@@ -34,7 +34,7 @@ import heapq
 from collections.abc import Iterator
 
 from gpuquota.core.blocked import record_blocked
-from gpuquota.core.context import Context, construct
+from gpuquota.core.context import Context, DispatchPhase, construct
 from gpuquota.core.hygiene import borrow_blocked_until, protected_until
 from gpuquota.core.preemption import Eligible, cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
@@ -173,7 +173,7 @@ class EnvironmentPass:
         heapq.heapify(heap)
         blocked = []
         backfilled: set[int] = set()
-        phase = "IN_QUOTA" if in_quota else "BORROW"
+        phase: DispatchPhase = "IN_QUOTA" if in_quota else "BORROW"
         while heap:
             _, job_id, index = heapq.heappop(heap)
             share = self.scoped[index]
@@ -202,7 +202,7 @@ class EnvironmentPass:
 
     def backfill_share(self, share: ShareRecord, in_quota: bool) -> bool:
         """Backfill extension: dispatch the first later job of the share that fits in this phase."""
-        phase = "IN_QUOTA" if in_quota else "BORROW"
+        phase: DispatchPhase = "IN_QUOTA" if in_quota else "BORROW"
         if not in_quota and not self.may_borrow(share):
             return False
         for job in self.queued_after_head(share):
@@ -227,7 +227,7 @@ class EnvironmentPass:
                 heads.append(job)
         return heads
 
-    def try_dispatch(self, job: JobRecord, share: ShareRecord, phase: str) -> bool:
+    def try_dispatch(self, job: JobRecord, share: ShareRecord, phase: DispatchPhase) -> bool:
         if job.job_id not in self.state.holds and self.ledger.totals(job.unit).free_slots < job.count:
             return False  # the usual answer on a full pool, without building the figures
         figures = self.ledger.figures(share, job.unit, job.count, exclude=job.job_id)
@@ -282,7 +282,7 @@ class EnvironmentPass:
 
         return check
 
-    def preempt(self, preemptor: JobRecord, victims: list[JobRecord], kind: str) -> None:
+    def preempt(self, preemptor: JobRecord, victims: list[JobRecord], kind: ev.PreemptionKind) -> None:
         state = self.state
         preemptor_share = state.shares[preemptor.share]
         figures = self.ledger.figures(
@@ -300,6 +300,7 @@ class EnvironmentPass:
                     f"Preempted (in-share): higher priority job {preemptor.job_id} "
                     f"(priority {preemptor.priority} > {victim.priority})"
                 )
+            assert victim.attempt_id is not None  # a victim is dispatched
             self.ctx.emit(
                 ev.JobPreempted,
                 job_id=victim.job_id,

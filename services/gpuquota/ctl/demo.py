@@ -65,7 +65,7 @@ class BackgroundStack:
     """An embedded stack on a free port, in a thread with its own event loop."""
 
     def __init__(self, data_dir: Path, runtime: str, nodes: str = f"{G5}=3") -> None:
-        from gpuquota.embedded import EmbeddedStack
+        from gpuquota.entrypoints.embedded import EmbeddedStack
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="gpuquota-demo-stack", daemon=True)

@@ -29,7 +29,7 @@ def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser
 
 def reference() -> str:
     """The generated section: one ``--help`` block per command, between the markers."""
-    from gpuquota.cli import build_parser
+    from gpuquota.entrypoints.cli import build_parser
 
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH

@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.gateway import environments, jobs, policies, queues, shares, tags
 from gpuquota.gateway.access import authenticate, check_job, denied
 from gpuquota.gateway.auth import Keyring, Principal
@@ -41,7 +42,6 @@ from gpuquota.gateway.extensions import Explainer, explain, share_table_of
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort
 from gpuquota.readmodel import ReadModel
-from gpuquota.scheduler.shell import Clock, wall_clock_ms
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("CreateSchedulingPolicy", policies.create),

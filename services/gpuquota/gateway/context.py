@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from gpuquota.arns import ArnFactory
+from gpuquota.clock import Clock
 from gpuquota.gateway.auth import Principal
 from gpuquota.gateway.edge import uuid4, validation_message
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort, CommandRejected
 from gpuquota.readmodel import JobView, ReadModel, ResourceView
-from gpuquota.scheduler.shell import Clock
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
     JobQueueSpec,

@@ -26,9 +26,10 @@ import contextlib
 import logging
 from dataclasses import KW_ONLY, dataclass
 
-from gpuquota.adapters.event_store import EventStore, TransientStoreError
+from gpuquota.adapters.event_store import EventStore, Record, TransientStoreError
 from gpuquota.adapters.kafka import InputProducer
-from gpuquota.core import ClusterState, evolve
+from gpuquota.adapters.log_fold import fold_log
+from gpuquota.core import ClusterState
 from gpuquota.gateway.ports import raise_if_rejected
 from gpuquota.readmodel import ReadModel
 from gpuquota.wire.events import SchedulerEvent
@@ -67,21 +68,20 @@ class LogProjector:
 
     async def catch_up(self) -> int:
         """Fold every record after the last one folded; return how many."""
-        folded = 0
-        while records := await self.store.read(self.pool, after_seq=self.seq, limit=1000):
-            for record in records:
-                for event in record.events:
-                    evolve(self.state, event)
-                    try:
-                        self.read_model.apply(event)
-                    except Exception:  # a projection bug must not stop the gateway
-                        log.exception("read model could not apply %s %s", event.type, event.event_id)
-                self.seq = record.seq
-                waiter = self._waiters.pop(record.input.event_id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(record.events)
-            folded += len(records)
+        _, folded = await fold_log(self.store, self.pool, self.state, self.seq, after=self._folded, page=1000)
         return folded
+
+    def _folded(self, record: Record) -> None:
+        """Project a folded record and answer its waiter; the position moves record by record."""
+        for event in record.events:
+            try:
+                self.read_model.apply(event)
+            except Exception:  # a projection bug must not stop the gateway
+                log.exception("read model could not apply %s %s", event.type, event.event_id)
+        self.seq = record.seq
+        waiter = self._waiters.pop(record.input.event_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(record.events)
 
     async def run(self) -> None:
         """Keep folding until cancelled; an unreachable store only delays the read model."""

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from gpuquota.adapters.attempt_logs import MAX_CHUNK, log_path, read_log
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.app import Gateway
 from gpuquota.gateway.edge import json_response as _json
 from gpuquota.gateway.errors import ClientException
-from gpuquota.node_agent.logs import MAX_CHUNK, log_path, read_log
 from gpuquota.nodeview import ACTIVE, ActiveAttempt
 from gpuquota.wire import inputs as inp
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.wire import events as ev
+from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
 
 
@@ -27,10 +27,16 @@ class CommandPort(Protocol):
         ...
 
 
+class Scheduler(Protocol):
+    async def handle(self, message: SchedulerInput) -> list[SchedulerEvent]:
+        """Decide, record and apply ``message``; its events (the scheduler shell of this process)."""
+        ...
+
+
 class EmbeddedCommandPort:
     """Hands inputs straight to the shell of this process."""
 
-    def __init__(self, shell: SchedulerShell) -> None:
+    def __init__(self, shell: Scheduler) -> None:
         self.shell = shell
 
     async def send(self, message: SchedulerInput) -> None:

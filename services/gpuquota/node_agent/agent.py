@@ -40,7 +40,7 @@ from gpuquota.dirlock import DirectoryLock
 from gpuquota.node_agent.outcomes import final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepare
-from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook
+from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook, AttemptPhase
 from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
 from gpuquota.observe.logs import bind
 from gpuquota.wire.base import SlotOffer
@@ -245,9 +245,10 @@ class NodeAgent:
             self._emit(DrainNode(**self._meta(), node_id=self.node_id))
 
     def _request_stop(self, att: Attempt, reason: str) -> None:
-        if att.stop_reason is not None or att.exited:
+        if not att.stoppable:
             return
         att.stop_reason = reason
+        att.move(AttemptPhase.STOP_REQUESTED)
         self._start_stop(att)
 
     def _start_stop(self, att: Attempt) -> None:
@@ -287,6 +288,7 @@ class NodeAgent:
             if att.stop_reason is not None:
                 self._start_stop(att)
             else:
+                att.move(AttemptPhase.RUNNING)
                 self._report(att, "RUNNING")
             await self._supervise(att)
         except asyncio.CancelledError:
@@ -312,7 +314,8 @@ class NodeAgent:
             outcome = await waiter
         finally:
             waiter.cancel()
-        att.exited = att.stop_task is None
+        if att.stop_task is None:
+            att.move(AttemptPhase.ENDED)  # by itself: a stop request comes too late
         if att.stop_task is not None:
             await att.stop_task  # the whole process group is gone once this returns
         else:
@@ -371,6 +374,7 @@ class NodeAgent:
                 command=cmd, adopted=True, started_at=started, status=record.get("status", "RUNNING")
             )
             if report is not None:
+                att.move(AttemptPhase.ENDED)
                 att.final, att.status = report, report.status
                 att.done.set()
                 self._attempts[aid] = att
@@ -382,6 +386,7 @@ class NodeAgent:
                 continue
             self._attempts[aid] = att
             att.handle = handle
+            att.move(AttemptPhase.RUNNING)
             with contextlib.suppress(BadPayload):
                 att.max_runtime = parse_payload(cmd.payload).max_runtime_seconds
             self._note(aid, f"adopted (pid {handle.pid})")
@@ -445,6 +450,7 @@ class NodeAgent:
         )
         att.status = status
         if status in FINAL:
+            att.move(AttemptPhase.ENDED)
             att.final = report
             self._save_state()  # the outcome is on disk before it is sent
         self._emit(report)

@@ -1,5 +1,6 @@
-"""Attempt logs on a node: where they are, how to read a piece of one, and the HTTP server that
-serves them to the gateway in distributed mode (``gpuquota node-agent --logs-port``).
+"""The HTTP server that serves a node's attempt logs to the gateway in distributed mode
+(``gpuquota node-agent --logs-port``); where they are and how to read a piece of one is
+``gpuquota.adapters.attempt_logs``.
 
 An attempt's stdout and stderr go to ``WORK_DIR/logs/<attempt id>.log`` (the agent's ``LaunchSpec``).
 The gateway reads them by byte offset, so ``gpuquota jobs logs --follow`` polls for what was added. In
@@ -13,25 +14,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gpuquota.adapters.attempt_logs import MAX_CHUNK, log_path, read_log
 from gpuquota.httpserver import HttpServer
-from gpuquota.node_agent.prepare import safe_name as _safe
 
-MAX_CHUNK = 256 * 1024
-"""The most bytes one read returns."""
-
-
-def log_path(work_dir: Path, attempt_id: str) -> Path:
-    return Path(work_dir) / "logs" / f"{_safe(attempt_id)}.log"
-
-
-def read_log(path: Path, offset: int, limit: int = MAX_CHUNK) -> bytes | None:
-    """At most ``limit`` bytes of ``path`` from ``offset``; ``None`` when the file does not exist."""
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, offset))
-            return f.read(max(0, min(limit, MAX_CHUNK)))
-    except FileNotFoundError:
-        return None
+__all__ = ["MAX_CHUNK", "LogServer", "log_path", "read_log"]
 
 
 class LogServer(HttpServer):

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
+from gpuquota.adapters.attempt_logs import safe_name
 from gpuquota.node_agent.instances import attempt_root, host_name
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
 from gpuquota.node_agent.runtime import LaunchSpec
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import InstanceOutput
 from gpuquota.wire.node_commands import RunAttempt
-
-
-def safe_name(name: str) -> str:
-    """A file-name-safe form of an id."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
 def exit_path(work_dir: Path, attempt_id: str) -> Path:

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,34 @@ class AttemptBook:
             out.write(f"{attempt_id}\n")
 
 
+class AttemptPhase(StrEnum):
+    """Where an attempt is in the agent's hands (its reported status is ``Attempt.status``)."""
+
+    LAUNCHING = "LAUNCHING"
+    """From its ``RunAttempt`` until its process runs (or its launch fails)."""
+    RUNNING = "RUNNING"
+    """Its process runs, and the scheduler has not asked to stop it."""
+    STOP_REQUESTED = "STOP_REQUESTED"
+    """The scheduler asked to stop it (``StopAttempt``): being stopped, or stopped before it launched."""
+    ENDED = "ENDED"
+    """Its process is gone (or never ran); its final report is kept until delivered."""
+
+
+_LAUNCHING, _RUNNING, _STOP_REQUESTED, _ENDED = AttemptPhase
+ATTEMPT_TRANSITIONS: dict[AttemptPhase, frozenset[AttemptPhase]] = {
+    _LAUNCHING: frozenset({_RUNNING, _STOP_REQUESTED, _ENDED}),
+    _RUNNING: frozenset({_STOP_REQUESTED, _ENDED}),
+    _STOP_REQUESTED: frozenset({_ENDED}),
+    _ENDED: frozenset(),
+}
+"""The phases an attempt may move to from each phase (a time limit stops a RUNNING attempt without a
+request: it ends from RUNNING)."""
+
+
+class IllegalAttemptTransition(RuntimeError):
+    """An attempt moved to a phase its table does not allow (a bug in the agent)."""
+
+
 @dataclass
 class Attempt:
     """What the agent knows of one attempt, from its ``RunAttempt`` until its final report is delivered."""
@@ -90,8 +119,8 @@ class Attempt:
     stop_reason: str | None = None
     stop_task: asyncio.Task[None] | None = None
     timed_out: bool = False
-    exited: bool = False
     adopted: bool = False
+    phase: AttemptPhase = AttemptPhase.LAUNCHING
     started_at: float = field(default_factory=time.time)
     max_runtime: float | None = None
     task: asyncio.Task[None] | None = None
@@ -100,6 +129,18 @@ class Attempt:
     """The last status reported."""
     final: AttemptReport | None = None
     """The final report, until its send succeeded (then the attempt is forgotten)."""
+
+    def move(self, to: AttemptPhase) -> None:
+        """Move to phase ``to`` (``ATTEMPT_TRANSITIONS``); moving to the phase it is in changes nothing."""
+        if to is not self.phase:
+            if to not in ATTEMPT_TRANSITIONS[self.phase]:
+                raise IllegalAttemptTransition(f"attempt {self.command.attempt_id}: {self.phase} -> {to}")
+            self.phase = to
+
+    @property
+    def stoppable(self) -> bool:
+        """A stop request still means something: it was not asked before and the process has not ended."""
+        return self.phase is AttemptPhase.LAUNCHING or self.phase is AttemptPhase.RUNNING
 
     def known(self) -> NodeAttempt:
         """What the registration and the heartbeats say of this attempt."""

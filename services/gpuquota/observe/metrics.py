@@ -7,7 +7,8 @@ reads the read model and the core's ``ClusterState`` when Prometheus scrapes. Th
 from the scheduler's events by :class:`EventTally`, which the read model feeds with each event it applies
 (a few dictionary increments per event), so they describe the whole log and are rebuilt with it. Only
 what cannot be derived afterwards is measured on the way, per batch and not per input: the scheduling
-step time, the log append time and batch size (:class:`Timings`, :class:`TimedStore`).
+step time, the log append time and batch size (:class:`Timings`; the scheduler loop times its one
+append path into it).
 
 Every service has its own ``CollectorRegistry`` (``new_registry``), never the process-wide default, so
 several stacks in one process (the tests) do not clash. Labels are bounded: queues, shares, units, pools,
@@ -31,11 +32,9 @@ from gpuquota.wire import events as ev
 from gpuquota.wire.base import Strategy
 
 if TYPE_CHECKING:
-    from gpuquota.adapters.event_store import BatchEntry, Entry, EventStore, Position, Record, Snapshot
     from gpuquota.core.state import ClusterState
     from gpuquota.readmodel import JobView, ReadModel
     from gpuquota.wire.events import SchedulerEvent
-    from gpuquota.wire.inputs import SchedulerInput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -328,60 +327,6 @@ class Timings(Collector):
     def collect(self) -> Iterator[Metric]:
         for histogram in (self.step, self.append, self.batch):
             yield from histogram.collect()
-
-
-class TimedStore:
-    """An ``EventStore`` that times its appends into ``timings``; everything else is passed through."""
-
-    def __init__(self, store: EventStore, timings: Timings) -> None:
-        self.store = store
-        self.timings = timings
-
-    async def append(
-        self,
-        pool: str,
-        expected_seq: int,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None = None,
-    ) -> int:
-        started = time.perf_counter()
-        seq = await self.store.append(pool, expected_seq, message, events, position)
-        self.timings.appended(time.perf_counter() - started, 1)
-        return seq
-
-    async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
-        started = time.perf_counter()
-        seq = await self.store.append_many(pool, expected_seq, entries)
-        self.timings.appended(time.perf_counter() - started, len(entries))
-        return seq
-
-    async def append_batch(self, pool: str, expected_seq: int, entries: Sequence[Entry]) -> int:
-        return await self.append_many(pool, expected_seq, [(m, e, None) for m, e in entries])
-
-    async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
-        return await self.store.recorded_inputs(input_ids)
-
-    async def last_seq(self, pool: str) -> int:
-        return await self.store.last_seq(pool)
-
-    async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
-        return await self.store.read(pool, after_seq, limit)
-
-    async def positions(self, pool: str) -> dict[tuple[str, int], int]:
-        return await self.store.positions(pool)
-
-    async def pools_at(self, topic: str, partition: int) -> list[str]:
-        return await self.store.pools_at(topic, partition)
-
-    async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
-        await self.store.save_snapshot(pool, snapshot)
-
-    async def latest_snapshot(self, pool: str) -> Snapshot | None:
-        return await self.store.latest_snapshot(pool)
-
-    async def close(self) -> None:
-        await self.store.close()
 
 
 class FunctionCollector(Collector):

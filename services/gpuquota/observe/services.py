@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import Metric
 
@@ -21,8 +21,15 @@ from gpuquota.observe.health import OpsServer, broker_probe, flag_probe, store_p
 from gpuquota.observe.metrics import FunctionCollector, family, new_registry, state_families
 
 if TYPE_CHECKING:
-    from gpuquota.distributed import NodeAgentService
+    from gpuquota.node_agent import NodeAgent
     from gpuquota.scheduler.faust_app import SchedulerService
+
+
+class NodeAgentService(Protocol):
+    """What the ops port reads of a node-agent service (``entrypoints.distributed``)."""
+
+    agent: NodeAgent
+
 
 METRICS_HOST = "0.0.0.0"  # Prometheus and the kubelet scrape from other hosts
 """Where ``--metrics-port`` listens: all interfaces (only metrics and health are served there)."""

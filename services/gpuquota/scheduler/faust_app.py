@@ -53,8 +53,10 @@ from gpuquota.adapters.kafka import (
     ensure_topics,
     message_headers,
 )
-from gpuquota.observe.metrics import TimedStore, Timings
-from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineFailed, SourceRecord
+from gpuquota.observe.metrics import Timings
+from gpuquota.scheduler.loop import JobStateRecord
+from gpuquota.scheduler.pipeline import Pipeline, PipelineFailed
+from gpuquota.scheduler.records import SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult
@@ -367,7 +369,6 @@ class SchedulerService:
         await ensure_topics(cfg.kafka, self.topics, cfg.partitions)
         if self.store is None:
             self.store = await connect_store(cfg.database_url, cfg.store_retry_seconds)
-        self.store = TimedStore(self.store, self.timings)
         (cfg.data_dir / "faust").mkdir(parents=True, exist_ok=True)
         self.app = app = self._build_app()
         self.pipeline = Pipeline(
@@ -379,6 +380,7 @@ class SchedulerService:
             tick_grace_seconds=cfg.tick_grace_seconds,
             store_retry_seconds=cfg.store_retry_seconds,
             owns=self._owns,
+            on_append=self.timings.appended,
         )
         await app.start()
         log.info("scheduler started (group %s, topic %s)", self.topics.scheduler_group, self.topics.inputs)

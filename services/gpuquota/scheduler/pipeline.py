@@ -63,14 +63,10 @@ import contextlib
 import enum
 import functools
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
-
-from pydantic import ValidationError
+from dataclasses import dataclass
 
 from gpuquota.adapters.event_store import (
     BatchEntry,
@@ -79,70 +75,33 @@ from gpuquota.adapters.event_store import (
     Position,
     Snapshot,
     StaleWriter,
-    TransientStoreError,
 )
-from gpuquota.adapters.snapshots import SNAPSHOT_SCHEMA_VERSION, SnapshotError, dump_state, load_state
-from gpuquota.commands import node_commands
-from gpuquota.core import ClusterState, decide, evolve, step
-from gpuquota.wire import events as ev
+from gpuquota.clock import Clock, wall_clock_ms
+from gpuquota.core import decide, evolve, step
+from gpuquota.scheduler.loop import (
+    Appender,
+    Effects,
+    JobStateRecord,
+    LoopFailed,
+    OnAppend,
+    RetryPolicy,
+    input_result,
+    recordable,
+)
+from gpuquota.scheduler.pools import PoolRuntime, SnapshotPacing, Stats
+from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
+from gpuquota.scheduler.recovery import load_pool
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import JobStatus
 from gpuquota.wire.dead_letters import DeadLetter
-from gpuquota.wire.events import SchedulerEvent
-from gpuquota.wire.input_results import InputResult, result_of, result_of_undecodable
-from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
-from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt
+from gpuquota.wire.input_results import result_of_undecodable
+from gpuquota.wire.inputs import SchedulerInput
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
-Clock = Callable[[], int]
-ShareKey = tuple[str, str]
 TopicPartition = tuple[str, int]
-
-_POOL = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_QUIET_INPUTS = (inp.Tick, inp.NodeHeartbeat)
 _STALE_RETRIES = 3
-_CHEAP_DUMP_SECONDS = 0.02
-_MAX_DEFERRAL = 20
 
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class JobStateRecord:
-    """A job event to publish, with the job's (queue, share) for the record's headers."""
-
-    event: SchedulerEvent
-    share: ShareKey | None
-    cause: str | None = None
-    """The event id of the input that caused the event (header ``input_event_id``)."""
-
-
-class Publisher(Protocol):
-    async def publish(
-        self,
-        records: Sequence[JobStateRecord],
-        commands: Sequence[NodeCommand],
-        results: Sequence[InputResult] = (),
-    ) -> list[Awaitable[object]]:
-        """Hand the records to the producer, in order; return one delivery awaitable per record."""
-        ...
-
-    async def dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
-        """Produce ``letter`` to the dead-letter topic and wait until the broker has it."""
-        ...
+__all__ = ["JobStateRecord", "Outcome", "Pipeline", "PipelineFailed", "SourceRecord", "decode"]
 
 
 class Outcome(enum.Enum):
@@ -156,8 +115,8 @@ class Outcome(enum.Enum):
     NOT_OWNED = "not-owned"
 
 
-class PipelineFailed(Exception):
-    """The pipeline cannot continue (a publication failed, the store stayed unreachable)."""
+PipelineFailed = LoopFailed
+"""The pipeline cannot continue (a publication failed, the store stayed unreachable)."""
 
 
 class _Redo(Exception):
@@ -177,79 +136,13 @@ class _Item:
         return self.position.next_offset - 1
 
 
-@dataclass
-class PoolRuntime:
-    pool: str
-    state: ClusterState
-    seq: int
-    positions: dict[TopicPartition, int]
-    loaded_at: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    dropped: bool = False
-    since_snapshot: int = 0
-    inflight: list[Awaitable[object]] = field(default_factory=list)
-    """Delivery awaitables of publications since the last snapshot."""
-    snapshot_after: float = 0.0
-    """No snapshot before this ``time.monotonic()`` (dumping a large state is paced, see ``_dump``)."""
-
-
-@dataclass
-class Stats:
-    decided: int = 0
-    quiet: int = 0
-    duplicates: int = 0
-    skipped: int = 0
-    dead_letters: int = 0
-    stale: int = 0
-    transient_errors: int = 0
-    snapshots: int = 0
-    loads: int = 0
-    republished: int = 0
-    batches: int = 0
-    """Batches of more than one input appended together."""
-
-
-def decode(record: SourceRecord, default_pool: str) -> tuple[str, SchedulerInput] | str:
-    """``(pool, input)``, or the reason the record is a dead letter."""
-    if record.key is None:
-        pool = default_pool
-    else:
-        try:
-            pool = record.key.decode("utf-8")
-        except UnicodeDecodeError:
-            return "invalid key: not UTF-8 (the key must be the pool name)"
-        if not _POOL.match(pool):
-            return f"invalid key {pool[:200]!r}: not a pool name"
-    try:
-        return pool, INPUT_ADAPTER.validate_json(record.value)
-    except ValidationError as exc:
-        return rejection_reason(exc)
-
-
-def rejection_reason(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
-    if not errors:
-        return f"invalid: {exc}"
-    first = errors[0]
-    kind = first["type"]
-    if kind == "json_invalid":
-        return f"malformed JSON: {first['msg']}"
-    if kind == "union_tag_invalid":
-        tag = (first.get("ctx") or {}).get("tag", "?")
-        return f"unknown message type {tag!r}"
-    if kind == "union_tag_not_found":
-        return "no message type: the 'type' field is missing"
-    details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:10])
-    return f"schema violation: {details}"
-
-
-class Pipeline:
+class Pipeline(SnapshotPacing):
     """Per-pool states of one scheduler worker; see the module docstring."""
 
     def __init__(
         self,
         store: EventStore,
-        publisher: Publisher,
+        publisher: RecordPublisher,
         *,
         default_pool: str = "default",
         snapshot_every: int = 1000,
@@ -261,6 +154,7 @@ class Pipeline:
         retry_max_seconds: float = 2.0,
         clock: Clock = wall_clock_ms,
         owns: Callable[[str, int], bool] = lambda topic, partition: True,
+        on_append: OnAppend | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -272,14 +166,18 @@ class Pipeline:
             heartbeat_timeout_ms / 1000 if tick_grace_seconds is None else tick_grace_seconds
         )
         self.store_retry_seconds = store_retry_seconds
-        self.retry_initial = retry_initial_seconds
-        self.retry_max = retry_max_seconds
+        self.retry = RetryPolicy(
+            store_retry_seconds,
+            retry_initial_seconds,
+            retry_max_seconds,
+            warn=log.warning,
+            on_error=self._count_transient_error,
+        )
+        self.appender = Appender(store, self.retry, on_append)
         self.clock = clock
         self.owns = owns
         self.runtimes: dict[str, PoolRuntime] = {}
         self.stats = Stats()
-        self.store_available = True
-        """False while an append or load is retrying a ``TransientStoreError``."""
         self._loading: dict[str, asyncio.Lock] = {}
         self._partitions: dict[str, TopicPartition] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -364,25 +262,20 @@ class Pipeline:
         entries: list[BatchEntry] = []
         decided: list[_Item] = []
         quiet: list[_Item] = []
-        records: list[JobStateRecord] = []
-        commands: list[NodeCommand] = []
-        results: list[InputResult] = []
+        effects = Effects()
+        before = effects.before
+        results = effects.results
         since = runtime.since_snapshot
         snapshot: Snapshot | None = None
-        cause = ""
-
-        def before(state: ClusterState, event: SchedulerEvent) -> None:
-            records.extend(_job_state(state, event, cause))
-            commands.extend(node_commands(state, event))
 
         try:
             for item in items:
-                cause = item.message.event_id
+                effects.cause = item.message.event_id
                 events = step(state, item.message, before)  # decided and applied: the log is behind
-                if not events and isinstance(item.message, _QUIET_INPUTS):
+                if not recordable(item.message, events):
                     quiet.append(item)
                     continue
-                results.extend(_result(item.message, events, runtime.pool, self.clock()))
+                results.extend(input_result(item.message, events, runtime.pool, self.clock()))
                 entries.append((item.message, events, item.position))
                 decided.append(item)
                 since += 1
@@ -394,7 +287,7 @@ class Pipeline:
             raise
         if entries:
             try:
-                runtime.seq = await self._append_many(runtime, entries)
+                runtime.seq = await self.appender.append_many(runtime.pool, runtime.seq, entries)
             except DuplicateInput as exc:
                 self.drop(runtime.pool)
                 await self._mark_recorded(runtime.pool, decided, done, exc)
@@ -408,8 +301,7 @@ class Pipeline:
         for item in decided:
             runtime.positions[(item.position.topic, item.position.partition)] = item.position.next_offset
             done[item.index] = Outcome.DECIDED
-        if records or commands or results:
-            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands, results)))
+        runtime.inflight.extend(self._watch(await effects.publish(self.publisher)))
         self.stats.decided += len(decided)
         self.stats.batches += 1 if entries else 0
         runtime.since_snapshot = since
@@ -421,7 +313,7 @@ class Pipeline:
     ) -> None:
         """Mark the items whose inputs the store has recorded already as duplicates."""
         ids = [item.message.event_id for item in items]
-        recorded = await self._with_retry(
+        recorded = await self.retry.call(
             functools.partial(self.store.recorded_inputs, ids), f"pool {pool}: duplicates"
         )
         if not recorded:
@@ -457,7 +349,7 @@ class Pipeline:
     async def assigned(self, partitions: Iterable[TopicPartition]) -> None:
         """Load the pools recorded on newly assigned partitions (recovery; starts their ticks)."""
         for topic, partition in partitions:
-            pools = await self._with_retry(
+            pools = await self.retry.call(
                 functools.partial(self.store.pools_at, topic, partition), f"partition {partition}"
             )
             for pool in pools:
@@ -486,44 +378,17 @@ class Pipeline:
         async with self._loading.setdefault(pool, asyncio.Lock()):
             runtime = self.runtimes.get(pool)
             if runtime is None:
-                runtime = await self._with_retry(lambda: self._load(pool), f"pool {pool}: load")
+                runtime = await self.retry.call(lambda: self._load(pool), f"pool {pool}: load")
                 self.runtimes[pool] = runtime
             return runtime
 
     async def _load(self, pool: str) -> PoolRuntime:
-        state, seq = ClusterState(self.heartbeat_timeout_ms), 0
-        snapshot = await self.store.latest_snapshot(pool)
-        if snapshot is not None:
-            try:
-                state, seq = load_state(snapshot.state), snapshot.seq
-            except SnapshotError as exc:
-                log.warning("pool %s: ignoring snapshot at %d: %s", pool, snapshot.seq, exc)
-        records: list[JobStateRecord] = []
-        commands: list[NodeCommand] = []
-        results: list[InputResult] = []
-        tail = 0
-        while batch := await self.store.read(pool, after_seq=seq):
-            for record in batch:
-                results.extend(_result(record.input, record.events, pool, self.clock()))
-                for event in record.events:
-                    records.extend(_job_state(state, event, record.input.event_id))
-                    commands.extend(node_commands(state, event))
-                    evolve(state, event)
-                seq = record.seq
-                tail += 1
-        runtime = PoolRuntime(pool, state, seq, await self.store.positions(pool))
-        needed = [c for c in commands if _still_needed(state, c)]
-        if records or needed or results:
-            runtime.inflight.extend(self._watch(await self.publisher.publish(records, needed, results)))
-            self.stats.republished += len(records) + len(needed) + len(results)
+        runtime, deliveries, republished = await load_pool(
+            self.store, self.publisher, pool, self.heartbeat_timeout_ms, self.clock
+        )
+        runtime.inflight.extend(self._watch(deliveries))
+        self.stats.republished += republished
         self.stats.loads += 1
-        log.info(
-            "pool %s: loaded at sequence %d (snapshot %s, %d records after it; republished %d)",
-            pool, seq, None if snapshot is None else snapshot.seq, tail, len(records) + len(needed),
-        )  # fmt: skip
-        # a long tail is snapshotted with the next decided input (as due), not here: dumping a large
-        # state would double the time before the pool decides again
-        runtime.since_snapshot = tail
         return runtime
 
     # ----- deciding ----------------------------------------------------------------------------
@@ -532,101 +397,37 @@ class Pipeline:
         self, runtime: PoolRuntime, message: SchedulerInput, position: Position | None
     ) -> Outcome:
         events = decide(runtime.state, message)
-        if not events and isinstance(message, _QUIET_INPUTS):
+        if not recordable(message, events):
             self.stats.quiet += 1
             return Outcome.QUIET
         try:
-            runtime.seq = await self._append(runtime, message, events, position)
+            runtime.seq = await self.appender.append(runtime.pool, runtime.seq, message, events, position)
         except DuplicateInput:
             self.stats.duplicates += 1
             return Outcome.DUPLICATE
         if position is not None:
             runtime.positions[(position.topic, position.partition)] = position.next_offset
-        records: list[JobStateRecord] = []
-        commands: list[NodeCommand] = []
-        results = _result(message, events, runtime.pool, self.clock())
+        effects = Effects()
+        effects.cause = message.event_id
+        effects.results.extend(input_result(message, events, runtime.pool, self.clock()))
+        state = runtime.state
         for event in events:
-            records.extend(_job_state(runtime.state, event, message.event_id))
-            commands.extend(node_commands(runtime.state, event))
-            evolve(runtime.state, event)
-        if records or commands or results:
-            runtime.inflight.extend(self._watch(await self.publisher.publish(records, commands, results)))
+            effects.before(state, event)
+            evolve(state, event)
+        runtime.inflight.extend(self._watch(await effects.publish(self.publisher)))
         self.stats.decided += 1
         runtime.since_snapshot += 1
         if self._snapshot_due(runtime, runtime.since_snapshot):
             self._snapshot(runtime)
         return Outcome.DECIDED
 
-    async def _append(
-        self,
-        runtime: PoolRuntime,
-        message: SchedulerInput,
-        events: Sequence[SchedulerEvent],
-        position: Position | None,
-    ) -> int:
-        return await self._retried_append(
-            runtime,
-            [message.event_id],
-            lambda: self.store.append(runtime.pool, runtime.seq, message, events, position),
-        )
+    @property
+    def store_available(self) -> bool:
+        """False while an append or load is retrying a ``TransientStoreError``."""
+        return self.retry.available
 
-    async def _append_many(self, runtime: PoolRuntime, entries: list[BatchEntry]) -> int:
-        """``append_many`` with the retries of ``_append``; the batch's last sequence."""
-        return await self._retried_append(
-            runtime,
-            [message.event_id for message, _, _ in entries],
-            lambda: self.store.append_many(runtime.pool, runtime.seq, entries),
-        )
-
-    async def _retried_append(
-        self, runtime: PoolRuntime, input_ids: list[str], append: Callable[[], Awaitable[int]]
-    ) -> int:
-        """``append()`` of ``input_ids`` after ``runtime.seq``, retried like every store call.
-
-        A ``DuplicateInput`` after a failed try means that try had committed in transit if the log's
-        next records are exactly these inputs: that is success, not a duplicate.
-        """
-        tries = 0
-
-        async def attempt() -> int:
-            nonlocal tries
-            tries += 1
-            try:
-                return await append()
-            except DuplicateInput:
-                if tries > 1 and await self._recorded_next(runtime, *input_ids):
-                    return runtime.seq + len(input_ids)
-                raise
-
-        return await self._with_retry(attempt, f"pool {runtime.pool}: append")
-
-    async def _recorded_next(self, runtime: PoolRuntime, *input_ids: str) -> bool:
-        """Whether the log's next records after ``runtime.seq`` are ``input_ids``, in order."""
-        following = await self.store.read(runtime.pool, after_seq=runtime.seq, limit=len(input_ids))
-        return [record.input.event_id for record in following] == list(input_ids)
-
-    async def _with_retry(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
-        """``call()``, retried with back-off while the store is unreachable (``TransientStoreError``),
-        deciding nothing meanwhile, for at most ``store_retry_seconds``; then ``PipelineFailed``."""
-        delay = self.retry_initial
-        deadline = time.monotonic() + self.store_retry_seconds
-        while True:
-            try:
-                result = await call()
-                self.store_available = True
-                return result
-            except TransientStoreError as exc:
-                self._unavailable(exc, deadline, what)
-                await asyncio.sleep(delay)  # back-off before retrying
-                delay = min(delay * 2, self.retry_max)
-
-    def _unavailable(self, exc: TransientStoreError, deadline: float, what: str) -> None:
+    def _count_transient_error(self) -> None:
         self.stats.transient_errors += 1
-        if self.store_available:
-            log.warning("%s: store unavailable (%s); retrying, deciding nothing meanwhile", what, exc)
-        self.store_available = False
-        if time.monotonic() > deadline:
-            raise PipelineFailed(f"{what}: store unavailable for {self.store_retry_seconds:g} s") from exc
 
     # ----- publications and snapshots ----------------------------------------------------------
 
@@ -660,62 +461,10 @@ class Pipeline:
         log.warning("dead letter %s/%d@%d: %s", record.topic, record.partition, record.offset, reason)
         await self.publisher.dead_letter(letter, record.key)
         self.stats.dead_letters += 1
-        pool = self._pool_of(record.key)
+        pool = pool_of(record.key, self.default_pool)
         answer = None if pool is None else result_of_undecodable(record.value, reason, pool, self.clock())
         if answer is not None:  # the producer waits for an answer to its event id
             await asyncio.gather(*await self.publisher.publish([], [], [answer]))
-
-    def _pool_of(self, key: bytes | None) -> str | None:
-        """The pool a record's key names, or None if it names none."""
-        if key is None:
-            return self.default_pool
-        pool = key.decode("utf-8", errors="replace")
-        return pool if _POOL.match(pool) else None
-
-    def _snapshot_due(self, runtime: PoolRuntime, since: int) -> bool:
-        if since < self.snapshot_every:
-            return False
-        return time.monotonic() >= runtime.snapshot_after or since >= self.snapshot_every * _MAX_DEFERRAL
-
-    def _dump(self, runtime: PoolRuntime, seq: int) -> Snapshot:
-        """The state as a snapshot at ``seq``; paces the next one if dumping took long.
-
-        Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
-        dump that took ``t`` seconds of this thread's CPU (over ``_CHEAP_DUMP_SECONDS``: a large
-        state, not a busy machine, since waiting for a CPU does not count), the next waits until
-        ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
-        time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every`` inputs, which bounds the
-        log tail to replay on recovery.
-        """
-        began = time.thread_time()
-        data = dump_state(runtime.state)
-        took = time.thread_time() - began
-        if took > _CHEAP_DUMP_SECONDS:
-            runtime.snapshot_after = time.monotonic() + took / self.snapshot_cpu_share
-        return Snapshot(seq=seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
-
-    def _snapshot(self, runtime: PoolRuntime, snapshot: Snapshot | None = None) -> None:
-        """Save ``snapshot`` (default: of the state now) once the publications so far are delivered."""
-        if snapshot is None:
-            snapshot = self._dump(runtime, runtime.seq)
-        deliveries, runtime.inflight = runtime.inflight, []
-        runtime.since_snapshot = 0
-        task = asyncio.create_task(self._save(runtime.pool, snapshot, deliveries))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _save(self, pool: str, snapshot: Snapshot, deliveries: list[Awaitable[object]]) -> None:
-        try:
-            await asyncio.gather(*deliveries)
-        except Exception as exc:
-            log.error("pool %s: not saving snapshot %d: a publication failed (%r)", pool, snapshot.seq, exc)
-            return
-        try:
-            await self._with_retry(lambda: self.store.save_snapshot(pool, snapshot), f"pool {pool}: snapshot")
-        except PipelineFailed as exc:
-            log.error("%s", exc)  # only recovery time suffers; the next snapshot tries again
-            return
-        self.stats.snapshots += 1
 
     async def flush(self) -> None:
         """Wait for every publication handed out so far and every snapshot being saved."""
@@ -730,32 +479,3 @@ class Pipeline:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-def _job_state(state: ClusterState, event: SchedulerEvent, cause: str) -> list[JobStateRecord]:
-    """The job-state record of ``event`` (call before evolving it: the job may leave the state)."""
-    if not isinstance(event, ev.JOB_STATE_EVENTS):
-        return []
-    if isinstance(event, ev.JobAccepted):
-        return [JobStateRecord(event, (event.job.job_queue, event.job.quota_share), cause)]
-    job = state.jobs.get(event.job_id)
-    return [JobStateRecord(event, None if job is None else job.share, cause)]
-
-
-def _result(
-    message: SchedulerInput, events: Sequence[SchedulerEvent], pool: str, now: int
-) -> list[InputResult]:
-    answer = result_of(message, events, pool, now)
-    return [] if answer is None else [answer]
-
-
-def _still_needed(state: ClusterState, command: NodeCommand) -> bool:
-    """On recovery: a RunAttempt matters only while its attempt is current and not yet reported, a
-    RegisterAgain only while its node is unknown or lost."""
-    if isinstance(command, RegisterAgain):
-        node = state.nodes.get(command.node_id)
-        return node is None or not node.online
-    if not isinstance(command, RunAttempt):
-        return True
-    job = state.jobs.get(command.job_id)
-    return job is not None and job.attempt_id == command.attempt_id and job.status is JobStatus.SCHEDULED

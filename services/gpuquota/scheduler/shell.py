@@ -1,31 +1,39 @@
-"""The imperative shell around the scheduling core for one process (embedded mode).
+"""The scheduler loop's driver for one process (embedded mode); the loop itself is ``scheduler.loop``.
 
 Theory of operation
 -------------------
 ``handle(message)`` is the only way in; an ``asyncio.Lock`` makes inputs one sequence. For each input
 the shell asks the core to ``decide``, appends the input and its events to the event store (the log is
 the truth: nothing acts on a decision before it is recorded), then applies each event: it derives the
-event's node commands from the state *before* the event (``node_commands``), ``evolve``s the state and
-folds the event into the read model. Node commands and job-state events go to an outbox drained by one
-delivery task, in decision order; delivering outside the lock lets a node agent's ``deliver`` feed
-reports back into ``handle`` without deadlock.
+event's node commands from the state *before* the event (``loop.Effects``), ``evolve``s the state and
+folds the event into the read model. Node commands and job-state events are published through the
+loop's ``Publisher`` port: here the in-process ``LocalPublisher``, an outbox drained by one delivery
+task, in decision order; delivering outside the lock lets a node agent's ``deliver`` feed reports back
+into ``handle`` without deadlock.
 
-Group commit: with a store that can append several records in one transaction (``BatchAppend``: SQLite
-and the in-memory twin), ``handle`` queues its input and one drain task takes every input queued so far
-as a batch: it ``step``s them one after another on the live state (the core's decide and evolve in one
-pass, each input on the state its predecessors left; node commands come from the state just before each
-event), appends the batch in one transaction, and only then folds the events into the read model, queues
-the commands and answers the callers, in order. While a batch is being written the next one gathers, so a
-burst of requests costs one commit (and one hop to the store's thread) instead of one each. If the
-append fails the state is ahead of the log: the shell rebuilds it from the log and handles the batch's
-inputs one at a time as above, so a duplicate or a store error affects only its own input. An input
-whose ``step`` raises (a bug in the core) may have changed the state half-way: the shell rebuilds the
-state from the log, re-applies the events of the batch's inputs before it and answers it with the error.
-``group_commit=False`` (or a store without ``append_batch``) means one input per append.
+Group commit: every store appends several records in one transaction (``append_many``), so ``handle``
+queues its input and one drain task takes every input queued so far as a batch: it ``step``s them one
+after another on the live state (the core's decide and evolve in one pass, each input on the state its
+predecessors left; node commands come from the state just before each event), appends the batch in one
+transaction, and only then folds the events into the read model, queues the commands and answers the
+callers, in order. While a batch is being written the next one gathers, so a burst of requests costs one
+commit (and one hop to the store's thread) instead of one each. If the append fails the state is ahead
+of the log: the shell rebuilds it from the log and handles the batch's inputs one at a time as above, so
+a duplicate or a store error affects only its own input. An input whose ``step`` raises (a bug in the
+core) may have changed the state half-way: the shell rebuilds the state from the log, re-applies the
+events of the batch's inputs before it and answers it with the error.
+``group_commit=False`` means one input per append.
 
-``recover()`` rebuilds the state and the read model by folding the whole log of the pool. A tick task
-feeds ``Tick`` (time passing: heartbeat expiry, timeouts, time limits) every ``tick_seconds``. Ticks and
-heartbeats that decide nothing are not written to the log (replay folds events; they carry none).
+Failures follow the loop's one policy: appends are retried while the store is unreachable, for at most
+``store_retry_seconds``; then, or when a tick fails (a bug in the core or the store), the shell fails:
+``wait()`` returns the error, ``handle`` refuses every later input with it, and ``gpuquota up`` exits 1
+to be restarted (recovery is the normal start). An input that fails on its own is answered with its
+error and the shell carries on.
+
+``recover()`` rebuilds the state and the read model by folding the whole log of the pool
+(``fold_log``). A tick task feeds ``Tick`` (time passing: heartbeat expiry, timeouts, time limits)
+every ``tick_seconds``. Ticks and heartbeats that decide nothing are not written to the log (replay
+folds events; they carry none).
 
 Inputs the shell creates itself get ``occurred_at`` from its clock (epoch ms) and a uuid4 event id.
 """
@@ -37,14 +45,16 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from gpuquota.adapters.event_store import BatchAppend, DuplicateInput, Entry, EventStore
-from gpuquota.commands import node_commands
+from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record
+from gpuquota.adapters.log_fold import fold_log
+from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.readmodel import ReadModel
-from gpuquota.wire import events as ev
+from gpuquota.scheduler import loop
+from gpuquota.scheduler.loop import Commands, Deliveries, JobStates, Results
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import Message
 from gpuquota.wire.events import SchedulerEvent
@@ -56,14 +66,53 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 NodeCommandSink = Callable[[NodeCommand], Awaitable[None]]
 EventSubscriber = Callable[[SchedulerEvent], Awaitable[None]]
-Clock = Callable[[], int]
 Answer = asyncio.Future[list[SchedulerEvent]]
 
-_QUIET_INPUTS = (inp.Tick, inp.NodeHeartbeat)
+__all__ = ["Clock", "LocalPublisher", "SchedulerShell", "wall_clock_ms"]
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+class LocalPublisher:
+    """The loop's ``Publisher`` in one process: node commands to the local agents (``sink``) and
+    job-state events to ``subscribers``, delivered by one task in decision order."""
+
+    def __init__(self) -> None:
+        self.sink: NodeCommandSink | None = None
+        self.subscribers: list[EventSubscriber] = []
+        self._outbox: asyncio.Queue[tuple[list[NodeCommand], list[SchedulerEvent]]] = asyncio.Queue()
+
+    async def publish(self, records: JobStates, commands: Commands, results: Results = ()) -> Deliveries:
+        """Queue for delivery (nothing waits for an in-process delivery: no awaitables)."""
+        if commands or records:
+            self._outbox.put_nowait((list(commands), [record.event for record in records]))
+        return []
+
+    async def idle(self) -> None:
+        await self._outbox.join()
+
+    async def deliver_forever(self) -> None:
+        while True:
+            commands, events = await self._outbox.get()
+            try:
+                await self._deliver(commands, events)
+            finally:
+                self._outbox.task_done()
+
+    async def _deliver(self, commands: list[NodeCommand], events: list[SchedulerEvent]) -> None:
+        sink = self.sink
+        for command in commands:
+            if sink is None:
+                log.debug("no node command sink; dropped %s for %s", command.type, command.node_id)
+                continue
+            try:
+                await sink(command)
+            except Exception:  # the agent's own failure: the decision stands, the agent reports
+                log.exception("delivering %s to node %s failed", command.type, command.node_id)
+        for event in events:
+            for subscriber in list(self.subscribers):
+                try:
+                    await subscriber(event)
+                except Exception:
+                    log.exception("job-state subscriber failed on %s", event.type)
 
 
 class SchedulerShell:
@@ -79,6 +128,8 @@ class SchedulerShell:
         clock: Clock = wall_clock_ms,
         heartbeat_timeout_ms: int = 30_000,
         group_commit: bool = True,
+        store_retry_seconds: float = 30.0,
+        on_append: loop.OnAppend | None = None,
     ) -> None:
         self.store = store
         self.read_model = read_model or ReadModel()
@@ -88,17 +139,31 @@ class SchedulerShell:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.state = ClusterState(heartbeat_timeout_ms)
         self.seq = 0
-        self.node_command_sink: NodeCommandSink | None = None
-        self.subscribers: list[EventSubscriber] = []
+        self.publisher = LocalPublisher()
+        retry = loop.RetryPolicy(store_retry_seconds, warn=log.warning)
+        self.appender = loop.Appender(store, retry, on_append)
         self._lock = asyncio.Lock()
-        self._outbox: asyncio.Queue[tuple[list[NodeCommand], list[SchedulerEvent]]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._batching = group_commit and isinstance(store, BatchAppend)
+        self._batching = group_commit
         self._queued: list[tuple[SchedulerInput, Answer]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
+        self.failure: BaseException | None = None
+        self._failed = asyncio.Event()
         self.on_step: Callable[[float], None] | None = None
         """Called with the seconds each batch took to decide, record and apply (metrics)."""
+
+    @property
+    def node_command_sink(self) -> NodeCommandSink | None:
+        return self.publisher.sink
+
+    @node_command_sink.setter
+    def node_command_sink(self, sink: NodeCommandSink | None) -> None:
+        self.publisher.sink = sink
+
+    @property
+    def subscribers(self) -> list[EventSubscriber]:
+        return self.publisher.subscribers
 
     # ----- inputs ------------------------------------------------------------------------------
 
@@ -108,10 +173,12 @@ class SchedulerShell:
 
     def subscribe(self, subscriber: EventSubscriber) -> None:
         """Call ``subscriber`` with every job-state event (after it is recorded and applied)."""
-        self.subscribers.append(subscriber)
+        self.publisher.subscribers.append(subscriber)
 
     async def handle(self, message: SchedulerInput) -> list[SchedulerEvent]:
         """Decide, record and apply ``message``; return its events ([] for a duplicate input)."""
+        if self.failure is not None:
+            raise loop.LoopFailed(f"the scheduler failed: {self.failure!r}") from self.failure
         if not self._batching:
             async with self._lock:
                 return await self._handle_one(message)
@@ -124,25 +191,19 @@ class SchedulerShell:
     async def _handle_one(self, message: SchedulerInput) -> list[SchedulerEvent]:
         """One input on its own: decide, append, evolve, project (the lock is held)."""
         events = decide(self.state, message)
-        if events or not isinstance(message, _QUIET_INPUTS):
+        if loop.recordable(message, events):
             try:
-                self.seq = await self.store.append(self.pool, self.seq, message, events)
+                self.seq = await self.appender.append(self.pool, self.seq, message, events)
             except DuplicateInput:
                 return []
-        commands: list[NodeCommand] = []
+        effects = loop.Effects()
+        state = self.state
         for event in events:
-            commands.extend(node_commands(self.state, event))
-            evolve(self.state, event)
-        self._apply(events, commands)
+            effects.before(state, event)
+            evolve(state, event)
+        self._project(events)
+        await effects.publish(self.publisher)
         return events
-
-    def _apply(self, events: list[SchedulerEvent], commands: list[NodeCommand]) -> None:
-        """The effects of recorded events: read model, then commands and notifications to deliver."""
-        for event in events:
-            self._project(event)
-        published: list[SchedulerEvent] = [e for e in events if isinstance(e, ev.JOB_STATE_EVENTS)]
-        if commands or published:
-            self._outbox.put_nowait((commands, published))
 
     async def _drain(self) -> None:
         """Handle queued inputs batch by batch until none is left (the one task doing so)."""
@@ -157,6 +218,7 @@ class SchedulerShell:
                         self.on_step(time.perf_counter() - started)
                 except Exception as exc:
                     log.exception("a batch of %d inputs failed", len(batch))
+                    self._fail_if_fatal(exc)
                     for _, answer in batch:
                         if not answer.done():
                             answer.set_exception(exc)
@@ -172,41 +234,40 @@ class SchedulerShell:
     async def _handle_batch(self, batch: list[tuple[SchedulerInput, Answer]]) -> None:
         if self._stale:
             await self._rebuild_state()
-        decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent], list[NodeCommand]]] = []
-        entries: list[Entry] = []
-        commands: list[NodeCommand] = []
-
-        def before(state: ClusterState, event: SchedulerEvent) -> None:
-            commands.extend(node_commands(state, event))  # what the event means to the state it changes
-
+        decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]] = []
+        entries: list[tuple[SchedulerInput, Sequence[SchedulerEvent], None]] = []
+        effects = loop.Effects()
+        before = effects.before
         self._stale = True  # from the first step until the batch is recorded
         for message, answer in batch:
-            commands = []
+            mark = len(effects.records), len(effects.commands)
             try:
                 events = step(self.state, message, before)  # decided and applied: the log is behind
             except Exception as exc:
                 # step may have applied part of the input's events: back to the log, then the batch so far
                 answer.set_exception(exc)
+                del effects.records[mark[0] :], effects.commands[mark[1] :]
                 await self._rebuild_state()
                 self._stale = True
-                for _, _, done, _ in decided:
+                for _, _, done in decided:
                     for event in done:
                         evolve(self.state, event)
                 continue
-            decided.append((message, answer, events, commands))
-            if events or not isinstance(message, _QUIET_INPUTS):
-                entries.append((message, events))
+            decided.append((message, answer, events))
+            if loop.recordable(message, events):
+                entries.append((message, events, None))
         try:
             if entries:
-                assert isinstance(self.store, BatchAppend)
-                self.seq = await self.store.append_batch(self.pool, self.seq, entries)
-        except Exception:
+                self.seq = await self.appender.append_many(self.pool, self.seq, entries)
+        except Exception as exc:
+            self._fail_if_fatal(exc)
             # The state is ahead of the log: rebuild it, then one input at a time as without batches.
             await self._rebuild_state()
-            for message, answer, _, _ in decided:
+            for message, answer, _ in decided:
                 try:
                     result = await self._handle_one(message)
                 except Exception as exc:
+                    self._fail_if_fatal(exc)
                     if not answer.done():
                         answer.set_exception(exc)
                 else:
@@ -214,30 +275,50 @@ class SchedulerShell:
                         answer.set_result(result)
             return
         self._stale = False
-        for _, answer, events, commands in decided:
-            self._apply(events, commands)
+        for _, _, events in decided:
+            self._project(events)
+        await effects.publish(self.publisher)
+        for _, answer, events in decided:
             if not answer.done():
                 answer.set_result(events)
 
     async def _rebuild_state(self) -> None:
         """Fold the pool's log into a new ``ClusterState`` (the read model is left as it is)."""
         state = ClusterState(self.heartbeat_timeout_ms)
-        after = 0
-        while records := await self.store.read(self.pool, after_seq=after):
-            for record in records:
-                for event in record.events:
-                    evolve(state, event)
-                after = record.seq
+        self.seq, _ = await fold_log(self.store, self.pool, state)
         self.state = state
-        self.seq = after
         self._stale = False
 
-    def _project(self, event: SchedulerEvent) -> None:
-        """Fold ``event`` into the read model; a projection bug must not stop the scheduler."""
-        try:
-            self.read_model.apply(event)
-        except Exception:
-            log.exception("read model could not apply %s %s", event.type, event.event_id)
+    def _project(self, events: Sequence[SchedulerEvent]) -> None:
+        """Fold ``events`` into the read model; a projection bug must not stop the scheduler."""
+        apply = self.read_model.apply
+        for event in events:
+            try:
+                apply(event)
+            except Exception:
+                log.exception("read model could not apply %s %s", event.type, event.event_id)
+
+    def _project_record(self, record: Record) -> None:
+        self._project(record.events)
+
+    # ----- failure -----------------------------------------------------------------------------
+
+    def _fail_if_fatal(self, exc: BaseException) -> None:
+        """The loop's failure policy: an unreachable store (after its retries) fails the shell."""
+        if isinstance(exc, loop.LoopFailed):
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            log.error("the scheduler failed: %r", exc)
+            self.failure = exc
+            self._failed.set()
+
+    async def wait(self) -> BaseException:
+        """Wait until the shell fails; the error."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
 
     # ----- life cycle --------------------------------------------------------------------------
 
@@ -246,24 +327,13 @@ class SchedulerShell:
         async with self._lock:
             self.state = ClusterState(self.heartbeat_timeout_ms)
             self.read_model.reset()
-            folded = 0
-            after = 0
-            while True:
-                records = await self.store.read(self.pool, after_seq=after)
-                if not records:
-                    break
-                for record in records:
-                    for event in record.events:
-                        evolve(self.state, event)
-                        self._project(event)
-                    after = record.seq
-                    folded += 1
+            _, folded = await fold_log(self.store, self.pool, self.state, after=self._project_record)
             self.seq = await self.store.last_seq(self.pool)
             return folded
 
     async def start(self) -> None:
         """Start the delivery task and, when ``tick_seconds`` > 0, the tick task."""
-        self._tasks.append(asyncio.create_task(self._deliver_forever(), name="shell-delivery"))
+        self._tasks.append(asyncio.create_task(self.publisher.deliver_forever(), name="shell-delivery"))
         if self.tick_seconds > 0:
             self._tasks.append(asyncio.create_task(self._tick_forever(), name="shell-tick"))
 
@@ -279,37 +349,12 @@ class SchedulerShell:
 
     async def idle(self) -> None:
         """Wait until every queued node command and notification has been delivered."""
-        await self._outbox.join()
+        await self.publisher.idle()
 
     async def _tick_forever(self) -> None:
-        while True:
+        while self.failure is None:
             await asyncio.sleep(self.tick_seconds)
             try:
                 await self.handle(self.make(inp.Tick))
-            except Exception:
-                log.exception("tick failed")
-
-    async def _deliver_forever(self) -> None:
-        while True:
-            commands, events = await self._outbox.get()
-            try:
-                await self._deliver(commands, events)
-            finally:
-                self._outbox.task_done()
-
-    async def _deliver(self, commands: list[NodeCommand], events: list[SchedulerEvent]) -> None:
-        sink = self.node_command_sink
-        for command in commands:
-            if sink is None:
-                log.debug("no node command sink; dropped %s for %s", command.type, command.node_id)
-                continue
-            try:
-                await sink(command)
-            except Exception:
-                log.exception("delivering %s to node %s failed", command.type, command.node_id)
-        for event in events:
-            for subscriber in list(self.subscribers):
-                try:
-                    await subscriber(event)
-                except Exception:
-                    log.exception("job-state subscriber failed on %s", event.type)
+            except Exception as exc:  # time stops for the whole pool: fail fast, to be restarted
+                self._fail(exc)

@@ -144,7 +144,7 @@ class Replay:
         self.now = 0 if first is None else round(first.submitted_at * 1000)
         start_ms = self.now
         self._setup(start_ms)
-        from gpuquota.embedded import GC_THRESHOLDS  # the shells' setting: long-lived records
+        from gpuquota.scheduler.loop import GC_THRESHOLDS  # the shells' setting: long-lived records
 
         thresholds = gc.get_threshold()
         gc.collect()

@@ -139,8 +139,7 @@ def fold_all(recorder: Recorder, events: Iterable[ev.SchedulerEvent]) -> None:
 
 async def open_log(data_dir: str | None, database_url: str | None) -> EventStore:
     if data_dir is not None:
-        from gpuquota.adapters.sqlite_store import SqliteEventStore
-        from gpuquota.embedded import STORE_FILE
+        from gpuquota.adapters.sqlite_store import STORE_FILE, SqliteEventStore
 
         path = Path(data_dir) / STORE_FILE
         if not path.exists():

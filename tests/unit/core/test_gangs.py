@@ -4,9 +4,9 @@ the whole gang."""
 
 from __future__ import annotations
 
-from gpuquota.commands import node_commands
 from gpuquota.core.lifecycle import algorithm_error
 from gpuquota.core.state import ClusterState
+from gpuquota.scheduler.commands import node_commands
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import SlotOffer

@@ -776,8 +776,15 @@ def test_scenario(case: Case) -> None:
         assert EVENT_ADAPTER.validate_json(event.model_dump_json()) == event
 
 
-def test_case_table_size() -> None:
-    assert len(CASES) >= 45
+def test_every_case_pins_down_an_outcome() -> None:
+    """A case whose rounds expect nothing but the default (no preemption, no rejection) could pass
+    whatever the core decides: each must name a status, reason, usage, preemption, rejection or check."""
+    for name, case in CASES.items():
+        expects = [
+            r.want_status or r.want_reason or r.want_usage or r.want_preempted or r.want_rejected or r.want
+            for r in case.rounds
+        ]
+        assert any(expects), f"{name} ({case.rules}) expects no outcome"
 
 
 def test_node_with_a_recent_heartbeat_is_not_lost() -> None:

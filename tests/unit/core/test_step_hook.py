@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 from benchmarks import core as workload
-from gpuquota.commands import node_commands
 from gpuquota.core import ClusterState, decide, evolve, fingerprint, step
+from gpuquota.scheduler.commands import node_commands
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.node_commands import NodeCommand

@@ -8,10 +8,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuquota.adapters.event_store import InMemoryEventStore, TransientStoreError
 from gpuquota.adapters.sqlite_store import SqliteEventStore
 from gpuquota.core import fingerprint
 from gpuquota.gateway.render import describe_job
+from gpuquota.scheduler.loop import LoopFailed
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.sharetable import share_table
 from gpuquota.wire import events as ev
@@ -260,7 +263,7 @@ async def test_concurrent_inputs_are_serialised() -> None:
 
 
 class CountingStore(InMemoryEventStore):
-    """Counts batches; ``fail_next`` makes the next ``append_batch`` (and ``append`` of one id) fail."""
+    """Counts batches; ``fail_next`` makes the next ``append_many`` (and ``append`` of one id) fail."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -268,12 +271,14 @@ class CountingStore(InMemoryEventStore):
         self.fail_next: Exception | None = None
         self.fail_id: str | None = None
 
-    async def append_batch(self, pool: str, expected_seq: int, entries: Any) -> int:
+    async def append_many(self, pool: str, expected_seq: int, entries: Any) -> int:
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
+        if any(message.event_id == self.fail_id for message, _, _ in entries):
+            raise TransientStoreError("database unreachable")
         self.batches.append(len(entries))
-        return await super().append_batch(pool, expected_seq, entries)
+        return await super().append_many(pool, expected_seq, entries)
 
     async def append(
         self, pool: str, expected_seq: int, message: Any, events: Any, position: Any = None
@@ -311,7 +316,7 @@ async def test_concurrent_inputs_share_commits_and_decide_as_in_sequence() -> No
 
 async def test_a_failed_batch_is_redone_one_input_at_a_time() -> None:
     store = CountingStore()
-    shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
+    shell = SchedulerShell(store, clock=Clock(), tick_seconds=0, store_retry_seconds=0.2)
     await setup(shell)
     first = shell.make(inp.SubmitJob, job=job("a"))
     assert await shell.handle(first)
@@ -322,14 +327,24 @@ async def test_a_failed_batch_is_redone_one_input_at_a_time() -> None:
     assert results[0] == [] and results[1] and results[2]
     assert fingerprint(shell.state) == await rebuilt(store)
 
-    # a store error: only the input that could not be recorded fails; the state follows the log
+    # a store error once: the append is retried (the loop's retry policy) and records the batch
+    store.fail_next = TransientStoreError("database unreachable")
+    both = [shell.make(inp.SubmitJob, job=job("f")), shell.make(inp.SubmitJob, job=job("g"))]
+    assert all(await asyncio.gather(*(shell.handle(m) for m in both)))
+    assert not shell.failure and {"f", "g"} <= set(shell.state.jobs)
+
+    # an input the store refuses past the bounded retries: it fails alone, the state follows the log,
+    # and the shell fails (fail fast, to be restarted): it refuses every later input
     lost, kept = shell.make(inp.SubmitJob, job=job("d")), shell.make(inp.SubmitJob, job=job("e"))
-    store.fail_next, store.fail_id = TransientStoreError("database unreachable"), lost.event_id
+    store.fail_id = lost.event_id
     outcomes = await asyncio.gather(shell.handle(lost), shell.handle(kept), return_exceptions=True)
-    assert isinstance(outcomes[0], TransientStoreError) and isinstance(outcomes[1], list)
+    assert isinstance(outcomes[0], LoopFailed) and isinstance(outcomes[1], list)
     assert "d" not in shell.state.jobs and "e" in shell.state.jobs and "d" not in shell.read_model.jobs
     assert fingerprint(shell.state) == await rebuilt(store)
     assert shell.seq == await store.last_seq("default")
+    assert isinstance(await shell.wait(), LoopFailed)
+    with pytest.raises(LoopFailed):
+        await shell.handle(shell.make(inp.SubmitJob, job=job("h")))
 
 
 async def test_an_input_that_fails_in_the_core_fails_alone(monkeypatch: Any) -> None:

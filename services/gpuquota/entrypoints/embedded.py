@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
+from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
@@ -31,9 +32,10 @@ from gpuquota.node_agent import RUNTIMES, NodeAgent, discover_slots, make_runtim
 from gpuquota.node_agent.container import ENGINES
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
-from gpuquota.observe.metrics import TimedStore, Timings
+from gpuquota.observe.metrics import Timings
 from gpuquota.observe.startup import warn_unknown_variables
 from gpuquota.readmodel import ReadModel
+from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
@@ -44,11 +46,6 @@ log = logging.getLogger(__name__)
 DEFAULT_NODES = "ml.g5.xlarge=3"
 LOCAL_ADDRESS = "127.0.0.1"
 """Where the local node agents reach each other (the instances of an attempt spread over them)."""
-STORE_FILE = "events.sqlite3"
-GC_THRESHOLDS = (20_000, 10, 10)
-"""``gpuquota up``'s garbage collector: every job stays in memory (state and read model), so with
-Python's defaults (700, 10, 10) the collector ran about every 25 submissions, and a full collection, which
-walks every job (40 ms at 17,000 jobs), every few thousand: 15-35 us of CPU per submission in all."""
 
 
 def node_slots(nodes: str) -> list[tuple[str, tuple[SlotOffer, ...]]]:
@@ -67,6 +64,10 @@ async def open_store(data_dir: Path | None) -> EventStore:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     return await SqliteEventStore.open(data_dir / STORE_FILE)
+
+
+class SchedulerFailed(Exception):
+    """The scheduler loop failed (fail fast): ``gpuquota up`` exits 1, to be restarted."""
 
 
 class EmbeddedStack:
@@ -116,12 +117,13 @@ class EmbeddedStack:
             self.lock.acquire()  # DirectoryInUse: another stack writes this log
         runtime = make_runtime(self.runtime, self.container_engine)  # ValueError: no engine
         timings = Timings()
-        self.store = TimedStore(await open_store(self.data_dir), timings)
+        self.store = await open_store(self.data_dir)
         shell = self.shell = SchedulerShell(
             self.store,
             ReadModel(self.arns),
             tick_seconds=self.tick_seconds,
             heartbeat_timeout_ms=int(self.heartbeat_seconds * 6000),  # 6 periods, as in the distributed mode
+            on_append=timings.appended,
         )
         folded = await shell.recover()
         log.info("recovered %d log records", folded)
@@ -243,7 +245,7 @@ def run_up(args: argparse.Namespace) -> int:
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         asyncio.run(_serve(stack))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SchedulerFailed) as exc:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -253,7 +255,7 @@ def _run_distributed(
     args: argparse.Namespace, kafka: str, database_url: str, port: int, auth: Keyring | None
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.distributed import DistributedStack, serve
+    from gpuquota.entrypoints.distributed import DistributedStack, serve
     from gpuquota.observe.startup import run_service, wait_for_dependencies
 
     async def main() -> int:
@@ -290,7 +292,14 @@ async def _serve(stack: EmbeddedStack) -> None:
         await stack.start()
         gc.freeze()  # what start-up built (modules, the state recovered from the log) is never garbage
         print(f"gpuquota ready on {stack.url}", flush=True)
-        await stopping.wait()
+        assert stack.shell is not None
+        failed = asyncio.ensure_future(stack.shell.wait())
+        stopped = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait((failed, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if failed.done():
+            raise SchedulerFailed(str(failed.result()))
+        failed.cancel()
     finally:
         await stack.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
+from gpuquota.clock import wall_clock_ms
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
@@ -41,7 +43,8 @@ from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
-from gpuquota.scheduler.shell import wall_clock_ms
+from gpuquota.scheduler.loop import GC_THRESHOLDS
+from gpuquota.settings import GatewaySettings, SchedulerSettings
 from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
 
@@ -325,19 +328,31 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     configure(level, fmt)
 
 
+_S = TypeVar("_S", GatewaySettings, SchedulerSettings)
+
+
+def _settings(command: str, kind: type[_S], environ: dict[str, str] | None) -> _S | None:
+    """The service's settings from the environment, its logging configured; None (printed) if invalid."""
+    from gpuquota.settings import SettingsError
+
+    env = os.environ if environ is None else environ
+    warn_unknown_variables(command, env)
+    try:
+        settings = kind.from_env(env)
+    except SettingsError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None
+    configure_logging(settings.log_level, settings.log_format)
+    return settings
+
+
 def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = None) -> int:
     """``gpuquota gateway``: ``auth_keys`` (``--auth-keys``) overrides ``GPUQUOTA_AUTH_KEYS``."""
     from gpuquota.gateway.auth import KeyConfigError, load_auth
-    from gpuquota.settings import GatewaySettings, SettingsError
 
-    env = os.environ if environ is None else environ
-    warn_unknown_variables("gpuquota gateway", env)
-    try:
-        settings = GatewaySettings.from_env(env)
-    except SettingsError as exc:
-        print(f"gpuquota gateway: {exc}", file=sys.stderr)
+    settings = _settings("gpuquota gateway", GatewaySettings, environ)
+    if settings is None:
         return 2
-    configure_logging(settings.log_level, settings.log_format)
     path = auth_keys or (None if settings.auth_keys is None else str(settings.auth_keys))
     try:
         auth = load_auth(path, settings.host, "gpuquota gateway")
@@ -366,16 +381,9 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
 
 def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | None = None) -> int:
     """``gpuquota scheduler``: ``metrics_port`` (``--metrics-port``) overrides ``GPUQUOTA_METRICS_PORT``."""
-    from gpuquota.settings import SchedulerSettings, SettingsError
-
-    env = os.environ if environ is None else environ
-    warn_unknown_variables("gpuquota scheduler", env)
-    try:
-        settings = SchedulerSettings.from_env(env)
-    except SettingsError as exc:
-        print(f"gpuquota scheduler: {exc}", file=sys.stderr)
+    settings = _settings("gpuquota scheduler", SchedulerSettings, environ)
+    if settings is None:
         return 2
-    configure_logging(settings.log_level, settings.log_format)
     port = metrics_port if metrics_port is not None else settings.metrics_port
     config = SchedulerConfig(
         kafka=settings.kafka,
@@ -409,12 +417,5 @@ def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | Non
 
         return await serve(start, stop, "gpuquota scheduler ready", service.wait())
 
-    gc.set_threshold(*SCHEDULER_GC_THRESHOLDS)
+    gc.set_threshold(*GC_THRESHOLDS)
     return run_service("gpuquota scheduler", main)
-
-
-SCHEDULER_GC_THRESHOLDS = (20_000, 10, 10)
-"""``gpuquota scheduler``'s garbage collector. With Python's defaults (700, 10, 10) a full collection ran
-every 3-4 s at 1,000 jobs/s and found nothing, but held the event loop for 45-180 ms each time (walking
-faust's, aiokafka's and pydantic's objects): about 3 % of the time, and each pause was added to the
-latency of every input waiting meanwhile. Start-up's objects are frozen out of the collections."""

@@ -1,4 +1,4 @@
-"""Derive node commands from decided events (used by every scheduler shell)."""
+"""Derive node commands from decided events (used by the scheduler loop, in both modes)."""
 
 from __future__ import annotations
 

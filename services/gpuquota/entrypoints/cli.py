@@ -42,7 +42,7 @@ def _not_implemented(args: argparse.Namespace) -> int:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from gpuquota.distributed import run_gateway
+    from gpuquota.entrypoints.distributed import run_gateway
 
     return run_gateway(auth_keys=args.auth_keys)
 
@@ -54,7 +54,7 @@ def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    from gpuquota.distributed import run_scheduler
+    from gpuquota.entrypoints.distributed import run_scheduler
 
     return run_scheduler(metrics_port=args.metrics_port)
 
@@ -65,25 +65,25 @@ def _scheduler_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _node_agent(args: argparse.Namespace) -> int:
-    from gpuquota.node_agent.main import run
+    from gpuquota.entrypoints.node_agent import run
 
     return run(args)
 
 
 def _node_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.node_agent.main import configure
+    from gpuquota.entrypoints.node_agent import configure
 
     configure(parser)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from gpuquota.embedded import run_up
+    from gpuquota.entrypoints.embedded import run_up
 
     return run_up(args)
 
 
 def _up_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.embedded import configure_up
+    from gpuquota.entrypoints.embedded import configure_up
 
     configure_up(parser)
 

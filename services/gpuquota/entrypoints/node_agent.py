@@ -22,23 +22,10 @@ if TYPE_CHECKING:
 
 NOT_IMPLEMENTED = 2
 
-#: flag dest -> settings field
-_FLAGS = {
-    "kafka": "kafka",
-    "node_id": "node_id",
-    "pool": "pool",
-    "gpus": "gpus",
-    "slots": "slots",
-    "runtime": "runtime",
-    "container_engine": "container_engine",
-    "work_dir": "data_dir",
-    "heartbeat_seconds": "heartbeat_seconds",
-    "preemption_grace": "preemption_grace",
-    "logs_port": "logs_port",
-    "log_level": "log_level",
-    "metrics_port": "metrics_port",
-    "advertise_address": "advertise_address",
-}
+_SAME_NAME = "kafka node_id pool gpus slots runtime container_engine heartbeat_seconds preemption_grace"
+#: flag dest -> settings field (the same name, but ``--work-dir`` sets ``data_dir``)
+_FLAGS = {name: name for name in f"{_SAME_NAME} logs_port log_level metrics_port advertise_address".split()}
+_FLAGS["work_dir"] = "data_dir"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +95,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
     """Run the agent over Kafka until SIGTERM/SIGINT."""
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.distributed import NodeAgentService, configure_logging, serve
+    from gpuquota.entrypoints.distributed import NodeAgentService, configure_logging, serve
     from gpuquota.node_agent import make_runtime
     from gpuquota.observe.logs import bind
     from gpuquota.observe.services import agent_ops

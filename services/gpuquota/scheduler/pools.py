@@ -1,0 +1,113 @@
+"""A pool's runtime in the distributed mode (state, sequence, positions) and its paced snapshots.
+
+A snapshot due inside a batch is taken at its exact sequence (the state is dumped between inputs) and
+saved once the publications before it are acknowledged by the broker; dumping a large state is paced
+(``SnapshotPacing._dump``) so that it takes at most ``snapshot_cpu_share`` of the time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from gpuquota.adapters.event_store import EventStore, Snapshot
+from gpuquota.adapters.snapshots import SNAPSHOT_SCHEMA_VERSION, dump_state
+from gpuquota.core import ClusterState
+from gpuquota.scheduler.loop import LoopFailed, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+_CHEAP_DUMP_SECONDS = 0.02
+_MAX_DEFERRAL = 20
+
+
+@dataclass
+class PoolRuntime:
+    pool: str
+    state: ClusterState
+    seq: int
+    positions: dict[TopicPartition, int]
+    loaded_at: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dropped: bool = False
+    since_snapshot: int = 0
+    inflight: list[Awaitable[object]] = field(default_factory=list)
+    """Delivery awaitables of publications since the last snapshot."""
+    snapshot_after: float = 0.0
+    """No snapshot before this ``time.monotonic()`` (dumping a large state is paced, see ``_dump``)."""
+
+
+@dataclass
+class Stats:
+    decided: int = 0
+    quiet: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    dead_letters: int = 0
+    stale: int = 0
+    transient_errors: int = 0
+    snapshots: int = 0
+    loads: int = 0
+    republished: int = 0
+    batches: int = 0
+    """Batches of more than one input appended together."""
+
+
+class SnapshotPacing:
+    """Taking and saving a pool's snapshots (a part of ``Pipeline``)."""
+
+    store: EventStore
+    retry: RetryPolicy
+    stats: Stats
+    snapshot_every: int
+    snapshot_cpu_share: float
+    _background: set[asyncio.Task[None]]
+
+    def _snapshot_due(self, runtime: PoolRuntime, since: int) -> bool:
+        if since < self.snapshot_every:
+            return False
+        return time.monotonic() >= runtime.snapshot_after or since >= self.snapshot_every * _MAX_DEFERRAL
+
+    def _dump(self, runtime: PoolRuntime, seq: int) -> Snapshot:
+        """The state as a snapshot at ``seq``; paces the next one if dumping took long.
+
+        Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
+        dump that took ``t`` seconds of this thread's CPU (over ``_CHEAP_DUMP_SECONDS``: a large
+        state, not a busy machine, since waiting for a CPU does not count), the next waits until
+        ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
+        time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every`` inputs, which bounds the
+        log tail to replay on recovery.
+        """
+        began = time.thread_time()
+        data = dump_state(runtime.state)
+        took = time.thread_time() - began
+        if took > _CHEAP_DUMP_SECONDS:
+            runtime.snapshot_after = time.monotonic() + took / self.snapshot_cpu_share
+        return Snapshot(seq=seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
+
+    def _snapshot(self, runtime: PoolRuntime, snapshot: Snapshot | None = None) -> None:
+        """Save ``snapshot`` (default: of the state now) once the publications so far are delivered."""
+        if snapshot is None:
+            snapshot = self._dump(runtime, runtime.seq)
+        deliveries, runtime.inflight = runtime.inflight, []
+        runtime.since_snapshot = 0
+        task = asyncio.create_task(self._save(runtime.pool, snapshot, deliveries))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _save(self, pool: str, snapshot: Snapshot, deliveries: list[Awaitable[object]]) -> None:
+        try:
+            await asyncio.gather(*deliveries)
+        except Exception as exc:
+            log.error("pool %s: not saving snapshot %d: a publication failed (%r)", pool, snapshot.seq, exc)
+            return
+        try:
+            await self.retry.call(lambda: self.store.save_snapshot(pool, snapshot), f"pool {pool}: snapshot")
+        except LoopFailed as exc:
+            log.error("%s", exc)  # only recovery time suffers; the next snapshot tries again
+            return
+        self.stats.snapshots += 1
