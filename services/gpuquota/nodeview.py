@@ -31,6 +31,8 @@ class NodeView:
     last_heartbeat: int
     online: bool = True
     draining: bool = False
+    address: str = ""
+    """``RegisterNode.address``: how other nodes reach this one (empty: none advertised)."""
 
     @property
     def state(self) -> str:
@@ -57,6 +59,7 @@ class NodeTable:
                 event.occurred_at,
                 True,
                 event.draining,
+                event.address,
             )
         elif isinstance(event, ev.NodeHeartbeatRecorded | ev.NodeDraining | ev.NodeUndrained | ev.NodeLost):
             node = self.nodes.get(event.node_id)
@@ -74,7 +77,8 @@ class NodeTable:
         return tuple(p.node_id for p in self.placements.get(attempt_id, ()))
 
     def describe(self, active: Iterable[ActiveAttempt], now: int) -> list[dict[str, Any]]:
-        """Every node, by id: state, slots per unit (total, used), GPUs, attempts, heartbeat age."""
+        """Every node, by id: advertised address, state, slots per unit (total, used), GPUs, attempts,
+        heartbeat age."""
         attempts: dict[str, list[dict[str, Any]]] = {}
         used: dict[str, dict[str, int]] = {}
         for job_id, job_name, status, attempt_id in active:
@@ -108,6 +112,7 @@ class NodeTable:
             slots[slot.unit] = slots.get(slot.unit, 0) + 1
         return {
             "nodeId": node.node_id,
+            "address": node.address or None,
             "pool": node.pool,
             "state": node.state,
             "slots": slots,

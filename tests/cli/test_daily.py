@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from gpuquota.ctl.api import poll
+from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import SlotOffer
 from tests.cli.conftest import Cli, play_worked_example
 from tests.gateway.conftest import StackThread
 from tests.gateway.helpers import status, worked_example
@@ -109,6 +111,19 @@ def test_nodes_list_drain_and_undrain(stack: StackThread, cli: Cli) -> None:
 
     unknown = cli("nodes", "drain", "nope")
     assert (unknown.rc, unknown.err) == (1, "gpuquota nodes: Node nope is not registered\n")
+
+
+def test_nodes_show_the_address_they_advertised(stack: StackThread, cli: Cli) -> None:
+    slots = (SlotOffer(unit=G5, gpus=(0,)),)
+    stack.feed(inp.RegisterNode, node_id="node-a", pool=stack.pool, slots=slots, address="10.0.0.7")
+    stack.feed(inp.RegisterNode, node_id="node-b", pool=stack.pool, slots=slots)  # none advertised
+    table = cli("nodes")
+    assert table.rc == 0, table.err
+    header, *rows = (line.split() for line in table.out.strip().splitlines())
+    assert header[-1] == "ADDRESS"
+    assert [(row[0], row[-1]) for row in rows] == [("node-a", "10.0.0.7"), ("node-b", "-")]
+    data = json.loads(cli("nodes", "-o", "json").out)["nodes"]
+    assert [(n["nodeId"], n["address"]) for n in data] == [("node-a", "10.0.0.7"), ("node-b", None)]
 
 
 def test_watch_redraws_until_frames(stack: StackThread, cli: Cli) -> None:

@@ -23,7 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from gpuquota.gateway.auth import Keyring
 from tests.gateway.conftest import wait_for
-from tests.gateway.helpers import G5, status, submit, worked_example
+from tests.gateway.helpers import G5, share_arn, status, submit, worked_example
 from tests.observe.helpers import get_json, stack
 
 T = TypeVar("T")
@@ -65,6 +65,14 @@ def share_figures(browser: Chrome) -> dict[str, tuple[str, ...]]:
     }
 
 
+def preemption_cells(browser: Chrome) -> dict[str, str]:
+    rows = browser.find_elements(By.CSS_SELECTOR, f'table.shares tr[data-unit="{G5}"]')
+    return {
+        row.get_attribute("data-share") or "": row.find_element(By.CLASS_NAME, "preemption").text
+        for row in rows
+    }
+
+
 def shows(expected: dict[str, tuple[str, ...]]) -> Callable[[Chrome], bool]:
     return lambda browser: share_figures(browser) == expected
 
@@ -81,6 +89,9 @@ def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> 
     try:
         batch = running.client
         worked_example(batch)
+        # S10's opt-in hygiene on QS3 (no effect on the worked example: QS3 never runs nor borrows)
+        hygiene = {"gpuquota:minRuntimeSeconds": "600", "gpuquota:reborrowBackoffSeconds": "120"}
+        batch.tag_resource(resourceArn=share_arn("QS3"), tags=hygiene)
         ids = {
             n: submit(batch, n, "QS1", p)
             for n, p in (("qs1_job_high", 3), ("qs1_job_med", 2), ("qs1_job_low", 1))
@@ -99,6 +110,12 @@ def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> 
                 }
             ),
         )
+        # each share's preemption settings, as gpuquota shares shows them
+        assert preemption_cells(browser) == {
+            "QS1": "in-share",
+            "QS2": "-",
+            "QS3": "min runtime 600s, reborrow backoff 120s",
+        }
         screenshot(browser, tmp_path, "overview")
 
         # step 2, through boto3: the page follows by itself (live updates)

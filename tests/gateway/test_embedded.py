@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.gateway.conftest import StackThread, wait_for
-from tests.gateway.helpers import G5, create_share, status, submit
+from tests.gateway.helpers import G5, create_queue, create_share, payload, status, submit
 
 
 def test_simulated_local_agent_runs_jobs_to_completion(tmp_path: Path) -> None:
@@ -51,6 +51,25 @@ def test_simulated_local_agent_runs_jobs_to_completion(tmp_path: Path) -> None:
         failed = batch.describe_service_job(jobId=bad)
         assert "3" in failed["statusReason"]
         assert failed["attempts"][0]["stoppedAt"] >= failed["attempts"][0]["startedAt"]
+    finally:
+        stack.close()
+
+
+def test_two_nodes_of_one_instance_type_run_a_two_instance_job(tmp_path: Path) -> None:
+    """``--nodes ml.g5.xlarge=1x2``: two local nodes of one slot each; a job of two instances spans both."""
+    stack = StackThread(data_dir=tmp_path, nodes=f"{G5}=1x2", runtime="simulated", tick_seconds=0.05)
+    try:
+        wait_for(
+            lambda: sorted(n.node_id for n in stack.state.nodes.values() if n.online)
+            == ["local-1", "local-2"]
+        )
+        assert [len(stack.state.nodes[n].slots) for n in ("local-1", "local-2")] == [1, 1]
+        create_queue(stack.client, capacity=2)
+        create_share(stack.client, "QS1", "RESERVE", limit=2)
+        job = submit(stack.client, "pair", "QS1", serviceRequestPayload=payload(count=2))
+        wait_for(lambda: status(stack.client, job) == "RUNNING")
+        placed = [p.node_id for p in stack.state.jobs[job].placements]
+        assert sorted(placed) == ["local-1", "local-2"]
     finally:
         stack.close()
 

@@ -19,6 +19,7 @@ from gpuquota.node_agent import (
     parse_slots,
 )
 from gpuquota.node_agent.payload import hyperparameter_env
+from gpuquota.node_agent.slots import node_slot_groups
 from gpuquota.settings import NodeAgentSettings
 from gpuquota.wire.base import SlotOffer
 
@@ -57,6 +58,23 @@ def test_parse_slots_assigns_gpus_sequentially() -> None:
 def test_parse_slots_rejects(spec: str) -> None:
     with pytest.raises(SlotSpecError):
         parse_slots(spec)
+
+
+def test_node_groups_of_gpuquota_up() -> None:
+    """``--nodes``: one node per TYPE=SLOTS entry, NODES of them per TYPE=SLOTSxNODES, no GPU shared."""
+    g5, g5x12 = "ml.g5.xlarge", "ml.g5.12xlarge"
+    nodes = node_slot_groups(f"{g5}=1x2, {g5x12}=1,{g5}=2", discover=parse_slots)
+    assert [[(s.unit, s.gpus) for s in node] for node in nodes] == [
+        [(g5, (0,))],
+        [(g5, (1,))],
+        [(g5x12, (4, 5, 6, 7))],
+        [(g5, (2,)), (g5, (3,))],
+    ]
+    assert [len(n) for n in node_slot_groups(f"{g5}=3,ml.p4d.24xlarge", discover=parse_slots)] == [3, 1]
+    assert node_slot_groups("", discover=parse_slots) == node_slot_groups(f"{g5}=0x2") == []
+    for bad in ("=3", f"{g5}=x2", f"{g5}=1x", f"{g5}=-1", f"{g5}=1x2x3"):
+        with pytest.raises(SlotSpecError, match="INSTANCE_TYPE=SLOTSxNODES"):
+            node_slot_groups(bad)
 
 
 def test_discover_slots() -> None:

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuquota.observe.metrics import METRICS, failure_class
+from gpuquota.observe.metrics import METRICS, EventTally, failure_class
+from gpuquota.readmodel import JobView
 from gpuquota.wire import events as ev
+from tests.builders import job
 from tests.gateway.conftest import StackThread, batch_client
 from tests.gateway.helpers import G5
 from tests.observe.helpers import scrape, stack, two_steps, value
@@ -45,6 +47,9 @@ def test_the_worked_example_in_the_share_gauges_and_counters(tmp_path: Path) -> 
     assert value(samples, "gpuquota_node_up", pool="default", node="local-1") == 1
     assert value(samples, "gpuquota_jobs_submitted_total", queue="jq", share="QS1") == 3
     assert value(samples, "gpuquota_preemptions_total", kind="CROSS_SHARE") == 1
+    # med ran before QS2's job reclaimed its instance: that work is lost
+    lost = value(samples, "gpuquota_preempted_gpu_seconds_total", queue="jq", share="QS1", kind="CROSS_SHARE")
+    assert lost > 0
     assert value(samples, "gpuquota_dispatches_total", phase="BORROW") == 1
     assert value(samples, "gpuquota_submit_to_start_seconds_count") == 3  # high, med, qs2 started
     assert value(samples, "gpuquota_scheduling_step_seconds_count") > 0
@@ -69,10 +74,56 @@ def test_counters_are_rebuilt_from_the_log_after_a_restart(tmp_path: Path) -> No
         after = scrape(second.url)
     finally:
         second.close()
-    for name in ("gpuquota_jobs_submitted_total", "gpuquota_preemptions_total", "gpuquota_dispatches_total"):
+    for name in (
+        "gpuquota_jobs_submitted_total",
+        "gpuquota_preemptions_total",
+        "gpuquota_preempted_gpu_seconds_total",
+        "gpuquota_dispatches_total",
+    ):
         assert {k: v for k, v in before.items() if k[0] == name} == {
             k: v for k, v in after.items() if k[0] == name
         }
+
+
+def test_preempted_gpu_seconds_are_runtime_times_instances_per_share_and_kind() -> None:
+    def preempted(victim: JobView, kind: ev.PreemptionKind, runtime_ms: int) -> ev.JobPreempted:
+        figures = ev.PreemptionFigures(
+            unit=G5,
+            preemptor_demand=1,
+            pool_capacity=3,
+            pool_usage=3,
+            reserved_idle=0,
+            held=0,
+            preemptor_share_usage=0,
+            preemptor_share_limit=1,
+            victim_share_usage=2,
+            victim_share_limit=1,
+        )
+        return ev.JobPreempted(
+            event_id="e",
+            occurred_at=0,
+            job_id=victim.spec.job_id,
+            attempt_id=f"{victim.spec.job_id}/1",
+            preemptor_job_id="p",
+            preemptor_share="QS2",
+            victim_share=victim.spec.quota_share,
+            kind=kind,
+            status_reason="reclaimed",
+            figures=figures,
+            victim_runtime_ms=runtime_ms,
+        )
+
+    gang = JobView(job("gang").share("QS1").needs(2).build(created_at=0))
+    single = JobView(job("single").share("QS1").build(created_at=0))
+    tally = EventTally()
+    tally.observe(preempted(gang, "CROSS_SHARE", 90_000), gang)  # 2 instances x 90 s
+    tally.observe(preempted(single, "CROSS_SHARE", 1_500), single)
+    tally.observe(preempted(single, "IN_SHARE", 4_000), single)
+    tally.observe(preempted(single, "IN_SHARE", 0), single)  # not started yet: nothing lost
+    (family,) = [m for m in tally.collect() if m.name == "gpuquota_preempted_gpu_seconds"]
+    got = {(s.labels["share"], s.labels["kind"]): s.value for s in family.samples}
+    assert got == {("QS1", "CROSS_SHARE"): 181.5, ("QS1", "IN_SHARE"): 4.0}
+    assert all(set(s.labels) == {"queue", "share", "kind"} for s in family.samples)
 
 
 def test_failures_are_classified_without_their_text() -> None:
@@ -141,6 +192,7 @@ def test_counters_survive_a_sigkill_of_gpuquota_up(tmp_path: Path) -> None:
         ("gpuquota_jobs_submitted_total", {"queue": "jq", "share": "QS1"}),
         ("gpuquota_jobs_submitted_total", {"queue": "jq", "share": "QS2"}),
         ("gpuquota_preemptions_total", {"kind": "CROSS_SHARE"}),
+        ("gpuquota_preempted_gpu_seconds_total", {"queue": "jq", "share": "QS1", "kind": "CROSS_SHARE"}),
         ("gpuquota_share_limit_instances", {"share": "QS3", **SHARE}),
     ):
         assert value(after, name, **labels) == value(before, name, **labels), name

@@ -1,8 +1,10 @@
 """``gpuquota nodes [list|drain NODE|undrain NODE]`` (interface I9).
 
 ``list`` (the default) shows each node's state (READY, DRAINING, LOST), its slots per unit as
-used/total, GPUs, the attempts it runs and the age of its last recorded heartbeat. ``drain`` stops new
-dispatches to a node while its running attempts finish; ``undrain`` puts it back in service.
+used/total, GPUs, the attempts it runs, the age of its last recorded heartbeat and the address it
+advertised (how the other nodes of an attempt reach it; ``-``: none, they use its node id).
+``drain`` stops new dispatches to a node while its running attempts finish; ``undrain`` puts it back
+in service.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _list(api: Api, args: argparse.Namespace, style: Style) -> int:
         return 0
     print(
         render.table(
-            ["NODE", "POOL", "STATE", "SLOTS (USED/TOTAL)", "GPUS", "ATTEMPTS", "HEARTBEAT"],
+            ["NODE", "POOL", "STATE", "SLOTS (USED/TOTAL)", "GPUS", "ATTEMPTS", "HEARTBEAT", "ADDRESS"],
             [_row(n, style) for n in nodes],
         )
     )
@@ -70,4 +72,5 @@ def _row(node: dict[str, Any], style: Style) -> list[str]:
         str(node["gpus"]),
         f"{len(node['attempts'])} {render.shorten(jobs, 40)}" if node["attempts"] else "0",
         f"{node['heartbeatAgeSeconds']:g}s ago",
+        node.get("address") or "-",
     ]

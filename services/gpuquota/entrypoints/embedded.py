@@ -28,8 +28,9 @@ from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
-from gpuquota.node_agent import RUNTIMES, NodeAgent, discover_slots, make_runtime
+from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
 from gpuquota.node_agent.container import ENGINES
+from gpuquota.node_agent.slots import node_slot_groups
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
@@ -49,12 +50,9 @@ LOCAL_ADDRESS = "127.0.0.1"
 
 
 def node_slots(nodes: str) -> list[tuple[str, tuple[SlotOffer, ...]]]:
-    """One local node per ``UNIT=COUNT`` entry: ``("local-1", slots), ...`` (GPU indices never shared)."""
-    slots = discover_slots(configured=nodes) if nodes.strip() else ()
-    by_unit: dict[str, list[SlotOffer]] = {}
-    for slot in slots:
-        by_unit.setdefault(slot.unit, []).append(slot)
-    return [(f"local-{i}", tuple(unit_slots)) for i, unit_slots in enumerate(by_unit.values(), start=1)]
+    """One local node per ``UNIT=SLOTS`` entry, ``NODES`` for ``UNIT=SLOTSxNODES``: ``("local-1", slots),
+    ...`` (GPU indices never shared)."""
+    return [(f"local-{i}", slots) for i, slots in enumerate(node_slot_groups(nodes), start=1)]
 
 
 async def open_store(data_dir: Path | None) -> EventStore:
@@ -197,7 +195,12 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
     add("--data-dir", default=".gpuquota", help="event log and node work directories (default ./.gpuquota)")
     add("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     add("--port", type=int, default=None, help="HTTP port (GPUQUOTA_PORT, default 8642)")
-    add("--nodes", default=DEFAULT_NODES, help=f'local node agents, e.g. "{DEFAULT_NODES},ml.p4d.24xlarge=1"')
+    add(
+        "--nodes",
+        default=DEFAULT_NODES,
+        help=f'local node agents: one per TYPE=SLOTS, NODES per TYPE=SLOTSxNODES, e.g. "{DEFAULT_NODES},'
+        'ml.p4d.24xlarge=1", "ml.g5.xlarge=1x2" (two nodes of one slot)',
+    )
     add("--runtime", choices=RUNTIMES, default="process", help="how attempts run")
     add("--container-engine", choices=ENGINES, default=None, help="--runtime container: podman or docker")
     add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +55,10 @@ INSTANCE_TYPE_GPUS: Mapping[str, int] = {
 
 class SlotSpecError(ValueError):
     pass
+
+
+NODE_GROUP = re.compile(r"(?P<unit>[^=]+?)\s*(?:=\s*(?P<slots>\d+)(?:\s*x\s*(?P<nodes>\d+))?)?")
+"""One entry of ``gpuquota up --nodes``: ``INSTANCE_TYPE[=SLOTS[xNODES]]``."""
 
 
 def parse_slot_counts(spec: str) -> list[tuple[str, int]]:
@@ -135,3 +140,38 @@ def discover_slots(
         return slots
     per_slot = max(1, instance_type_catalogue.get(default_unit, 1))
     return parse_slots(f"{default_unit}={present // per_slot}", instance_type_catalogue)
+
+
+def parse_node_groups(spec: str) -> list[tuple[str, int, int]]:
+    """``gpuquota up --nodes``, one group of identical nodes per entry:
+    ``"ml.g5.xlarge=1x2,ml.p4d.24xlarge=1"`` -> ``[("ml.g5.xlarge", 1, 2), ("ml.p4d.24xlarge", 1, 1)]``
+    (instance type, slots per node, nodes)."""
+    groups: list[tuple[str, int, int]] = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        match = NODE_GROUP.fullmatch(item)
+        if match is None:
+            raise SlotSpecError(f"expected INSTANCE_TYPE=SLOTS or INSTANCE_TYPE=SLOTSxNODES, got {item!r}")
+        groups.append((match["unit"], int(match["slots"] or 1), int(match["nodes"] or 1)))
+    return groups
+
+
+def node_slot_groups(
+    spec: str, discover: Callable[[str], tuple[SlotOffer, ...]] = lambda s: discover_slots(configured=s)
+) -> list[tuple[SlotOffer, ...]]:
+    """The slots of each node of a ``--nodes`` spec, in its order (nodes without slots left out). The
+    slots of the whole spec are discovered at once, then dealt out, so no two nodes share a GPU."""
+    groups = parse_node_groups(spec)
+    totals: dict[str, int] = {}
+    for unit, slots, nodes in groups:
+        totals[unit] = totals.get(unit, 0) + slots * nodes
+    free: dict[str, list[SlotOffer]] = {}
+    for offer in discover(",".join(f"{unit}={n}" for unit, n in totals.items())) if totals else ():
+        free.setdefault(offer.unit, []).append(offer)
+    out: list[tuple[SlotOffer, ...]] = []
+    for unit, slots, nodes in groups:
+        for _ in range(nodes):
+            left = free.get(unit, [])
+            if slots and left:
+                out.append(tuple(left[:slots]))
+                del left[:slots]
+    return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -85,6 +85,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "gpuquota_jobs_submitted": ("counter", ("queue", "share"), "Jobs accepted"),
     "gpuquota_dispatches": ("counter", ("phase",), "Attempts dispatched, by phase (IN_QUOTA, BORROW, HOLD)"),
     "gpuquota_preemptions": ("counter", ("kind",), "Attempts preempted, by kind"),
+    "gpuquota_preempted_gpu_seconds": (
+        "counter",
+        ("queue", "share", "kind"),
+        "Work lost to preemption (S10.3), by the victim's share and the kind: the victim attempt's "
+        "runtime times its instances (GPU-seconds as gpuquota simulate counts them)",
+    ),
     "gpuquota_jobs_succeeded": ("counter", ("queue", "share"), "Jobs that succeeded"),
     "gpuquota_jobs_failed": (
         "counter",
@@ -152,6 +158,11 @@ def failure_class(event: ev.JobFailed) -> str:
     return "error"
 
 
+def lost_gpu_seconds(event: ev.JobPreempted, victim: JobView) -> float:
+    """S10.3's work lost by one preemption: the attempt's runtime times its instances."""
+    return event.victim_runtime_ms / 1000 * victim.spec.count
+
+
 class EventTally(Collector):
     """Counters of the events the read model applied (``ReadModel.apply`` calls :meth:`observe`)."""
 
@@ -160,6 +171,7 @@ class EventTally(Collector):
         self.submitted: Counter[tuple[str, ...]] = Counter()
         self.dispatched: Counter[tuple[str, ...]] = Counter()
         self.preempted: Counter[tuple[str, ...]] = Counter()
+        self.lost: dict[tuple[str, ...], float] = {}
         self.succeeded: Counter[tuple[str, ...]] = Counter()
         self.failed: Counter[tuple[str, ...]] = Counter()
         self.rejected: Counter[tuple[str, ...]] = Counter()
@@ -176,7 +188,11 @@ class EventTally(Collector):
         elif kind == "JobDispatched":
             self.dispatched[(cast(ev.JobDispatched, event).phase,)] += 1
         elif kind == "JobPreempted":
-            self.preempted[(cast(ev.JobPreempted, event).kind,)] += 1
+            preempted = cast(ev.JobPreempted, event)
+            self.preempted[(preempted.kind,)] += 1
+            if job is not None:
+                key = (*job.share, preempted.kind)
+                self.lost[key] = self.lost.get(key, 0.0) + lost_gpu_seconds(preempted, job)
         elif job is not None:
             if kind == "JobAccepted":
                 self.submitted[job.share] += 1
@@ -188,10 +204,11 @@ class EventTally(Collector):
                 self.latency.observe(max(0.0, (event.occurred_at - job.spec.created_at) / 1000))
 
     def collect(self) -> Iterator[Metric]:
-        tables = (
+        tables: tuple[tuple[str, Mapping[tuple[str, ...], float]], ...] = (
             ("gpuquota_jobs_submitted", self.submitted),
             ("gpuquota_dispatches", self.dispatched),
             ("gpuquota_preemptions", self.preempted),
+            ("gpuquota_preempted_gpu_seconds", self.lost),
             ("gpuquota_jobs_succeeded", self.succeeded),
             ("gpuquota_jobs_failed", self.failed),
             ("gpuquota_rejections", self.rejected),

@@ -40,6 +40,15 @@ function route() {
 
 // ----- quota shares ------------------------------------------------------------------------------
 
+// In-share preemption and S10's opt-in hygiene tags, as `gpuquota shares` shows them.
+function preemption(row) {
+  const hygiene = row.hygiene || {}, parts = row.inSharePreemption === "ENABLED" ? ["in-share"] : [];
+  const minRuntime = hygiene["gpuquota:minRuntimeSeconds"], backoff = hygiene["gpuquota:reborrowBackoffSeconds"];
+  if (minRuntime !== undefined) parts.push(`min runtime ${minRuntime}s`);
+  if (backoff !== undefined) parts.push(`reborrow backoff ${backoff}s`);
+  return parts.join(", ") || "-";
+}
+
 function bar(row, unit, scale) {
   const pct = (n) => (100 * n) / scale;
   const limit = row.limits[unit] || 0, used = row.usage[unit] || 0, borrowed = row.borrowed[unit] || 0;
@@ -68,7 +77,7 @@ async function overview(view) {
     const [queue, unit] = key.split("|");
     const scale = Math.max(1, ...rows.map((r) => Math.max(r.limits[unit] || 0, (r.usage[unit] || 0) + (r.queued[unit] || 0))));
     html += `<h2>Queue ${esc(queue)} &middot; ${esc(unit)}</h2><table class="shares"><tr><th>Share</th><th>Strategy</th>
-      <th>Limit</th><th>Maximum</th><th>Used</th><th>Borrowed</th><th>Lent</th><th>Queued</th><th></th></tr>`;
+      <th>Limit</th><th>Maximum</th><th>Used</th><th>Borrowed</th><th>Lent</th><th>Queued</th><th></th><th>Preemption</th></tr>`;
     for (const r of rows) {
       const max = r.maximum[unit] === null ? "&infin;" : r.maximum[unit];
       const jobs = `#/jobs?queue=${encodeURIComponent(queue)}&share=${encodeURIComponent(r.quotaShareName)}`;
@@ -77,7 +86,7 @@ async function overview(view) {
         <td class="num limit">${r.limits[unit] || 0}</td><td class="num maximum">${max}</td>
         <td class="num used">${r.usage[unit] || 0}</td><td class="num borrowed">${r.borrowed[unit] || 0}</td>
         <td class="num lent">${r.lent[unit] || 0}</td><td class="num queued">${r.queued[unit] || 0}</td>
-        <td>${bar(r, unit, scale)}</td></tr>`;
+        <td>${bar(r, unit, scale)}</td><td class="preemption">${esc(preemption(r))}</td></tr>`;
     }
     html += "</table>";
   }
