@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, Runtime, parse_slots
+from gpuquota.node_agent.agent import SendMany
 from gpuquota.wire.inputs import AttemptReport, SchedulerInput
 from gpuquota.wire.node_commands import RunAttempt, StopAttempt
 
@@ -160,6 +161,7 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         work_dir: Path | None = None,
         grace: float = 0.5,
         heartbeat: float = 60.0,
+        send_many: SendMany | None = None,
     ) -> NodeAgent:
         agent = NodeAgent(
             NODE,
@@ -172,6 +174,7 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
             preemption_grace=grace,
             retry_seconds=0.01,
             max_retry_seconds=0.05,
+            send_many=send_many,
         )
         agents.append(agent)
         return agent

@@ -63,6 +63,12 @@ def group_members(pgid: int) -> list[int]:
 
 
 def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # no process at all, not even a zombie: no need to read every /proc entry
+    except PermissionError:
+        pass
     return bool(group_members(pgid))
 
 
