@@ -84,6 +84,7 @@ from gpuquota.adapters.event_store import (
 from gpuquota.adapters.snapshots import SNAPSHOT_SCHEMA_VERSION, SnapshotError, dump_state, load_state
 from gpuquota.commands import node_commands
 from gpuquota.core import ClusterState, decide, evolve, step
+from gpuquota.scheduler.pacing import snapshot_pace
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus
@@ -681,17 +682,16 @@ class Pipeline:
         """The state as a snapshot at ``seq``; paces the next one if dumping took long.
 
         Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
-        dump that took ``t`` seconds of this thread's CPU (over ``_CHEAP_DUMP_SECONDS``: a large
-        state, not a busy machine, since waiting for a CPU does not count), the next waits until
-        ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
-        time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every`` inputs, which bounds the
-        log tail to replay on recovery.
+        dump that took more than ``_CHEAP_DUMP_SECONDS`` of this thread's CPU (a large state, not a
+        busy machine, since waiting for a CPU does not count) and ``w`` seconds of the loop's time, the
+        next waits until ``w / snapshot_cpu_share`` seconds have passed, so snapshots hold the loop at
+        most that share of the time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every``
+        inputs, which bounds the log tail to replay on recovery.
         """
-        began = time.thread_time()
+        began, began_cpu = time.monotonic(), time.thread_time()
         data = dump_state(runtime.state)
-        took = time.thread_time() - began
-        if took > _CHEAP_DUMP_SECONDS:
-            runtime.snapshot_after = time.monotonic() + took / self.snapshot_cpu_share
+        if time.thread_time() - began_cpu > _CHEAP_DUMP_SECONDS:
+            runtime.snapshot_after = snapshot_pace(began, time.monotonic(), self.snapshot_cpu_share)
         return Snapshot(seq=seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
 
     def _snapshot(self, runtime: PoolRuntime, snapshot: Snapshot | None = None) -> None:
