@@ -474,7 +474,7 @@ class NodeAgent:
         """Sends the outbox's head (a batch with ``send_many``); returns the first failure (sent again)."""
         head = head_batch(self._outbox) if self._send_many else [self._outbox[0]]
         try:
-            failures = await self._send_many(head) if self._send_many else [await self._send(head[0])]
+            failures = await self._send_many(head) if self._send_many else (await self._send(head[0]),)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

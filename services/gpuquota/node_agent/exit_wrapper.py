@@ -15,7 +15,7 @@ few milliseconds.
 
 from __future__ import annotations
 
-import _signal as signal  # the C module: ``signal`` imports enum (most of the wrapper's start-up)
+import _signal as signal  # type: ignore[import-not-found]  # C module: ``signal`` imports enum
 import os
 import sys
 
