@@ -100,7 +100,7 @@ class NodeAgent:
         self.preemption_grace = preemption_grace
         self._send = send
         self._send_many = send_many
-        self._saver = StateSaver(self._save_state)
+        self._saver = StateSaver(self.book, self._records)
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
         self._attempts: dict[str, Attempt] = {}
@@ -187,7 +187,7 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._started:  # never over the records of the agent whose lock made start() fail
-            self._saver.save()
+            await self._saver.close()
         self._started = False
         self.lock.release()
 
@@ -198,7 +198,7 @@ class NodeAgent:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError("outbox not flushed")
             await asyncio.sleep(0.01)
-        self._saver.flush()  # what was delivered is on disk too
+        await self._saver.flush()  # what was delivered is on disk too
 
     async def wait_idle(self) -> None:
         """Waits until no attempt is running."""
@@ -413,8 +413,8 @@ class NodeAgent:
                 self._report(att, "FAILED", reason=f"Node agent error: {exc}")
         self._finish(att)
 
-    def _save_state(self) -> None:
-        self.book.save({aid: att.record(self.runtime.name) for aid, att in self._attempts.items()})
+    def _records(self) -> dict[str, dict[str, Any]]:
+        return {aid: att.record(self.runtime.name) for aid, att in self._attempts.items()}
 
     # ----- sending --------------------------------------------------------------------------------
 
@@ -457,7 +457,7 @@ class NodeAgent:
             while self._outbox:
                 self._sending = True
                 try:
-                    self._saver.before_send()
+                    await self._saver.before_send()
                     failure = await self._send_head()
                 finally:
                     self._sending = False
@@ -491,7 +491,7 @@ class NodeAgent:
             if not self._registered or self._link_down:
                 continue  # not registered yet (or any more), or the outbox is retrying a failed send
             try:
-                self._saver.before_send()  # the statuses it lists are on disk
+                await self._saver.before_send()  # the statuses it lists are on disk
                 await self._send(NodeHeartbeat(**self._meta(), node_id=self.node_id, attempts=self._known()))
             except asyncio.CancelledError:
                 raise

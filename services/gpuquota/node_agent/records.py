@@ -60,9 +60,16 @@ class AttemptBook:
         return dict(doc.get("attempts") or {})
 
     def save(self, attempts: dict[str, dict[str, Any]]) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
+        self.write(self.encode(attempts))
+
+    def encode(self, attempts: dict[str, dict[str, Any]]) -> str:
         # compact: with ``indent`` the json module falls back to its pure-Python encoder (10 times slower)
-        tmp.write_text(json.dumps({"node_id": self.node_id, "attempts": attempts}, separators=(",", ":")))
+        return json.dumps({"node_id": self.node_id, "attempts": attempts}, separators=(",", ":"))
+
+    def write(self, text: str) -> None:
+        """Replaces ``state.json`` with ``text`` atomically (any thread; one write at a time)."""
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(text)
         os.replace(tmp, self.state_path)
 
     def finished(self) -> list[str]:
