@@ -212,9 +212,10 @@ def percentile(values: list[float], p: float) -> float:
 
 def starts_phase(url: str, args: argparse.Namespace, submitter: Submitter, starts: Path) -> dict[str, Any]:
     body = payload(job_script(starts, args.duration))
-    began = time.time()
+    began, cpu = time.time(), time.process_time()
     submitted = submitter.submit(args.jobs, BORROW, body, "job")
     submit_seconds = time.time() - began
+    client_cpu_ms = (time.process_time() - cpu) * 1000 / args.jobs
     started = wait_for_starts(starts, list(submitted), 60 + 10 * args.jobs * args.duration / args.slots)
     batch = batch_client(url)
     failed = wait_until_done(batch, args.jobs, 60 + args.duration * 10)
@@ -227,6 +228,7 @@ def starts_phase(url: str, args: argparse.Namespace, submitter: Submitter, start
         "ideal_starts_per_s": round(args.slots / args.duration, 1),
         "submit_to_start_p50_s": round(percentile(delays, 0.50), 3),
         "submit_to_start_p99_s": round(percentile(delays, 0.99), 3),
+        "client_cpu_ms_per_submit": round(client_cpu_ms, 2),
         "failed_jobs": failed,
     }
 
