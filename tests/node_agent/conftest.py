@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, Runtime, parse_slots
+from gpuquota.node_agent.sending import SendMany
 from gpuquota.wire.inputs import AttemptReport, SchedulerInput
 from gpuquota.wire.node_commands import RunAttempt, StopAttempt
 
@@ -161,6 +162,7 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         grace: float = 0.5,
         heartbeat: float = 60.0,
         node_id: str = NODE,
+        send_many: SendMany | None = None,
     ) -> NodeAgent:
         agent = NodeAgent(
             node_id,
@@ -173,6 +175,7 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
             preemption_grace=grace,
             retry_seconds=0.01,
             max_retry_seconds=0.05,
+            send_many=send_many,
         )
         agents.append(agent)
         return agent

@@ -36,6 +36,7 @@ async def test_success_reports_starting_running_succeeded(make_agent: AgentFacto
         assert message.event_id and message.occurred_at > 0
     assert len({m.event_id for m in sched.inputs}) == len(sched.inputs)
     assert agent.active_attempts == []
+    await agent.flush(5)  # the delivered attempt is forgotten on disk within a moment; flush writes it now
     assert json.loads(agent.state_path.read_text())["attempts"] == {}
 
 

@@ -119,6 +119,7 @@ async def test_restart_adopts_and_fencing_stops_the_orphan(make_agent: AgentFact
     assert report.status == "STOPPED"
     assert (out / "terminated").exists()
     assert not procs.group_alive(pid)
+    await agent2.flush(5)
     assert json.loads(agent2.state_path.read_text())["attempts"] == {}
 
 

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import murmur2
 
+from gpuquota.adapters.message_json import message_json
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.topics import (
@@ -151,7 +152,7 @@ def message_headers(message: Message) -> Headers:
 
 
 def encode(message: Message) -> bytes:
-    return message.model_dump_json().encode()
+    return message_json(message).encode()  # an event was encoded for the log a moment ago
 
 
 def header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:

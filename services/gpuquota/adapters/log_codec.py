@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pydantic import TypeAdapter
 
 from gpuquota.adapters.event_store import Record
+from gpuquota.adapters.message_json import message_json
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
 
@@ -22,7 +23,7 @@ def encode_input(message: SchedulerInput) -> str:
 
 
 def encode_events(events: Sequence[SchedulerEvent]) -> str:
-    return "[" + ",".join(event.model_dump_json() for event in events) + "]"
+    return "[" + ",".join(message_json(event) for event in events) + "]"  # published next: memo
 
 
 def decode_record(seq: int, input_json: str | bytes, events_json: str | bytes) -> Record:

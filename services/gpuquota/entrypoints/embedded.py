@@ -40,6 +40,7 @@ from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.sim.estimate import estimating_explainer
 from gpuquota.wire.base import SlotOffer
+from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,7 @@ class EmbeddedStack:
                 heartbeat_seconds=self.heartbeat_seconds,
                 preemption_grace=self.preemption_grace,
                 address=LOCAL_ADDRESS,
+                send_many=lambda messages: handle_in_order(shell, messages),
             )
             self.agents[node_id] = agent
             await agent.start()
@@ -185,6 +187,15 @@ class EmbeddedStack:
             self.store = None
         if self.lock is not None:
             self.lock.release()
+
+
+async def handle_in_order(
+    shell: SchedulerShell, messages: list[SchedulerInput]
+) -> list[BaseException | None]:
+    """A node agent's queued reports, handed to the shell at once: they join one group commit, in order
+    (``handle`` queues its input before it first waits), instead of one commit's round trip each."""
+    results = await asyncio.gather(*(shell.handle(m) for m in messages), return_exceptions=True)
+    return [r if isinstance(r, BaseException) else None for r in results]
 
 
 # ----- ``gpuquota up`` ----------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def parse_json(raw: str | bytes, what: str) -> Any:
 
 def check_json(value: Any, what: str) -> None:
     """Depth and surrogates of a parsed JSON value, walked without recursion."""
+    if _well_formed(value):
+        return  # the usual case: no path is built for a value that passes
     stack: list[tuple[Any, str, int]] = [(value, what, 1)]
     while stack:
         item, path, depth = stack.pop()
@@ -66,6 +68,26 @@ def check_json(value: Any, what: str) -> None:
             stack.append((child, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]", depth + 1))
 
 
+def _well_formed(value: Any) -> bool:
+    """``check_json`` would pass ``value``: the same walk without the paths its messages need."""
+    search = _SURROGATE.search
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if search(item):
+                return False
+        elif isinstance(item, dict):
+            if depth > MAX_JSON_DEPTH or any(search(key) for key in item):
+                return False
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            if depth > MAX_JSON_DEPTH:
+                return False
+            stack.extend((child, depth + 1) for child in item)
+    return True
+
+
 def body_params(raw: bytes) -> Params:
     """The request body as ``Params`` (an empty body is an empty object)."""
     if not raw.strip():
@@ -73,11 +95,7 @@ def body_params(raw: bytes) -> Params:
     body = parse_json(raw, "The request body")
     if not isinstance(body, dict):
         raise ClientException("The request body must be a JSON object")
-    checked: dict[str, Any] = {}
-    for key, value in body.items():
-        check_json(value, key)  # again, so that messages name the member
-        checked[key] = value
-    return Params(checked)
+    return Params(body)  # parse_json checked every member (its messages name the member's path)
 
 
 def validation_message(exc: ValidationError) -> str:

@@ -32,7 +32,6 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,8 @@ from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepare
 from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook, AttemptPhase
 from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
+from gpuquota.node_agent.saving import StateSaver
+from gpuquota.node_agent.sending import LOST_REASON, Send, SendMany, head_batch
 from gpuquota.observe.logs import bind
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import (
@@ -58,10 +59,6 @@ from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt, 
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[SchedulerInput], Awaitable[object]]
-
-LOST_REASON = "Attempt lost: the node agent restarted while it ran (exit status unknown)"
-"""Kept for readers of older logs: a restarted agent no longer reports this (see the module doc)."""
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 __all__ = ["LOST_REASON", "STATE_FILE", "NodeAgent", "Send"]
 
@@ -85,6 +82,7 @@ class NodeAgent:
         retry_seconds: float = 0.1,
         max_retry_seconds: float = 5.0,
         address: str = "",
+        send_many: SendMany | None = None,
     ) -> None:
         self.node_id = node_id
         self.address = address  # how other nodes reach this one (empty: by its node id)
@@ -97,6 +95,8 @@ class NodeAgent:
         self.heartbeat_seconds = heartbeat_seconds
         self.preemption_grace = preemption_grace
         self._send = send
+        self._send_many = send_many
+        self._saver = StateSaver(self.book, self._records)
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
         self._attempts: dict[str, Attempt] = {}
@@ -183,7 +183,7 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._started:  # never over the records of the agent whose lock made start() fail
-            self._save_state()
+            await self._saver.close()
         self._started = False
         self.lock.release()
 
@@ -194,6 +194,7 @@ class NodeAgent:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError("outbox not flushed")
             await asyncio.sleep(0.01)
+        await self._saver.flush()  # what was delivered is on disk too
 
     async def wait_idle(self) -> None:
         """Waits until no attempt is running."""
@@ -277,14 +278,14 @@ class NodeAgent:
                 if att.stop_reason is not None:
                     self._report(att, "STOPPED", reason=att.stop_reason)
                     return
-                self._save_state()  # recorded before it runs: a restarted agent looks for it
+                await self._saver.durable()  # recorded before it runs: a restarted agent looks for it
                 att.handle = await self.runtime.launch(spec)
             except (BadPayload, LaunchError) as exc:
                 self._report(att, "FAILED", reason=str(exc))
                 return
             att.started_at = time.time()
             self._note(cmd.attempt_id, f"launched (pid {att.handle.pid})")
-            self._save_state()
+            self._saver.changed()
             if att.stop_reason is not None:
                 self._start_stop(att)
             else:
@@ -337,9 +338,12 @@ class NodeAgent:
         """The attempt is over; it is forgotten once its final report is delivered (``_delivered``)."""
         att.done.set()
         if att.command.attempt_id in self._attempts:
-            self._save_state()
+            self._saver.changed()
 
     def _delivered(self, sent: SchedulerInput) -> None:
+        self._link_down = False
+        if isinstance(sent, RegisterNode | DeregisterNode):
+            self._registered = isinstance(sent, RegisterNode)
         if isinstance(sent, AttemptReport) and sent.status in FINAL:
             att = self._attempts.get(sent.attempt_id)
             if att is not None and att.final is sent:
@@ -351,7 +355,7 @@ class NodeAgent:
         while len(self._finished) > KEEP_FINISHED:
             self._finished.popitem(last=False)
         self.book.add_finished(attempt_id)
-        self._save_state()
+        self._saver.changed()
         done = exit_path(self.work_dir, attempt_id)
         for path in (done, done.with_name(f"{done.name}.pid")):
             path.unlink(missing_ok=True)
@@ -394,7 +398,7 @@ class NodeAgent:
         sweep = getattr(self.runtime, "sweep", None)  # removes what a dead agent started but never recorded
         if sweep is not None:
             sweep(self.node_id, self.work_dir, set(self._attempts))
-        self._save_state()
+        self._saver.save()
 
     async def _watch(self, att: Attempt) -> None:
         try:
@@ -407,22 +411,8 @@ class NodeAgent:
                 self._report(att, "FAILED", reason=f"Node agent error: {exc}")
         self._finish(att)
 
-    def _save_state(self) -> None:
-        self.book.save({aid: self._record(att) for aid, att in self._attempts.items()})
-
-    def _record(self, att: Attempt) -> dict[str, Any]:
-        handle = att.handle
-        return {
-            "command": att.command.model_dump(mode="json"),
-            "runtime": self.runtime.name,
-            "pid": None if handle is None else handle.pid,
-            "pgid": None if handle is None else handle.pgid,
-            "start_time": None if handle is None else handle.start_time,
-            "members": [] if handle is None else getattr(handle, "member_records", []),
-            "started_at": att.started_at,
-            "status": att.status,
-            "final": None if att.final is None else att.final.model_dump(mode="json"),
-        }
+    def _records(self) -> dict[str, dict[str, Any]]:
+        return {aid: att.record(self.runtime.name) for aid, att in self._attempts.items()}
 
     # ----- sending --------------------------------------------------------------------------------
 
@@ -452,7 +442,7 @@ class NodeAgent:
         if status in FINAL:
             att.move(AttemptPhase.ENDED)
             att.final = report
-            self._save_state()  # the outcome is on disk before it is sent
+            self._saver.changed(before_send=True)  # the outcome is on disk before it is sent
         self._emit(report)
 
     def _emit(self, message: SchedulerInput) -> None:
@@ -467,24 +457,33 @@ class NodeAgent:
             while self._outbox:
                 self._sending = True
                 try:
-                    await self._send(self._outbox[0])
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
+                    await self._saver.before_send()
+                    failure = await self._send_head()
+                finally:
+                    self._sending = False
+                if failure is not None:
                     self.send_failures += 1
                     self._link_down = True
-                    log.warning("send failed (%s); retrying in %.2f s", exc, delay)
+                    log.warning("send failed (%s); retrying in %.2f s", failure, delay)
                     await asyncio.sleep(delay)  # back-off before the retry
                     delay = min(delay * 2, self._max_retry)
                     continue
-                finally:
-                    self._sending = False
-                sent = self._outbox.popleft()
-                self._link_down = False
-                self._delivered(sent)
-                if isinstance(sent, RegisterNode | DeregisterNode):
-                    self._registered = isinstance(sent, RegisterNode)
                 delay = self._retry
+
+    async def _send_head(self) -> BaseException | None:
+        """Sends the outbox's head (a batch with ``send_many``); returns the first failure (sent again)."""
+        head = head_batch(self._outbox) if self._send_many else [self._outbox[0]]
+        try:
+            failures = await self._send_many(head) if self._send_many else (await self._send(head[0]),)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return exc
+        for failure in failures:
+            if isinstance(failure, BaseException):
+                return failure
+            self._delivered(self._outbox.popleft())
+        return None
 
     async def _heartbeats(self) -> None:
         while True:
@@ -492,6 +491,7 @@ class NodeAgent:
             if not self._registered or self._link_down:
                 continue  # not registered yet (or any more), or the outbox is retrying a failed send
             try:
+                await self._saver.before_send()  # the statuses it lists are on disk
                 await self._send(NodeHeartbeat(**self._meta(), node_id=self.node_id, attempts=self._known()))
             except asyncio.CancelledError:
                 raise

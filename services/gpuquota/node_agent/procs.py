@@ -63,7 +63,21 @@ def group_members(pgid: int) -> list[int]:
 
 
 def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # no process at all, not even a zombie: no need to read every /proc entry
+    except PermissionError:
+        pass
+    if _leads_live_group(pgid):
+        return True  # the leader itself runs: the usual case while an attempt runs
     return bool(group_members(pgid))
+
+
+def _leads_live_group(pgid: int) -> bool:
+    """Process ``pgid`` runs (not a zombie) and still leads group ``pgid`` (its pid was not reused)."""
+    fields = _stat_fields(pgid)
+    return fields is not None and len(fields) > 2 and fields[0] not in ("Z", "X") and fields[2] == str(pgid)
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> bool:

@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,16 @@ class AttemptBook:
         return dict(doc.get("attempts") or {})
 
     def save(self, attempts: dict[str, dict[str, Any]]) -> None:
+        self.write(self.encode(attempts))
+
+    def encode(self, attempts: dict[str, dict[str, Any]]) -> str:
+        # compact: with ``indent`` the json module falls back to its pure-Python encoder (10 times slower)
+        return json.dumps({"node_id": self.node_id, "attempts": attempts}, separators=(",", ":"))
+
+    def write(self, text: str) -> None:
+        """Replaces ``state.json`` with ``text`` atomically (any thread; one write at a time)."""
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"node_id": self.node_id, "attempts": attempts}, indent=2))
+        tmp.write_text(text)
         os.replace(tmp, self.state_path)
 
     def finished(self) -> list[str]:
@@ -141,6 +150,26 @@ class Attempt:
     def stoppable(self) -> bool:
         """A stop request still means something: it was not asked before and the process has not ended."""
         return self.phase is AttemptPhase.LAUNCHING or self.phase is AttemptPhase.RUNNING
+
+    @cached_property
+    def command_record(self) -> dict[str, Any]:
+        """The ``RunAttempt`` as ``state.json`` holds it (encoded once: the file is rewritten often)."""
+        return self.command.model_dump(mode="json")
+
+    def record(self, runtime: str) -> dict[str, Any]:
+        """This attempt's entry in ``state.json``."""
+        handle = self.handle
+        return {
+            "command": self.command_record,
+            "runtime": runtime,
+            "pid": None if handle is None else handle.pid,
+            "pgid": None if handle is None else handle.pgid,
+            "start_time": None if handle is None else handle.start_time,
+            "members": [] if handle is None else getattr(handle, "member_records", []),
+            "started_at": self.started_at,
+            "status": self.status,
+            "final": None if self.final is None else self.final.model_dump(mode="json"),
+        }
 
     def known(self) -> NodeAttempt:
         """What the registration and the heartbeats say of this attempt."""

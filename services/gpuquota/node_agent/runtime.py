@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuquota.node_agent import procs
+from gpuquota.node_agent import children, procs
 from gpuquota.node_agent.payload import TrainingRequest
 
 Trace = Callable[[str], None]
@@ -126,7 +127,7 @@ class ProcessHandle:
     def __init__(
         self,
         pid: int,
-        proc: asyncio.subprocess.Process | None = None,
+        proc: subprocess.Popen[bytes] | None = None,
         start_time: int | None = None,
         poll_seconds: float = 0.05,
         exit_path: str | None = None,
@@ -141,7 +142,7 @@ class ProcessHandle:
     async def wait(self) -> Outcome:
         assert self.pid is not None and self.pgid is not None
         if self._proc is not None:
-            rc = await self._proc.wait()
+            rc = await children.exited(self._proc, self._poll)
             return Outcome(exit_code=None, signal=-rc) if rc < 0 else Outcome(exit_code=rc)
         # adopted: not our child; wait for the whole group to go, then read what the wrapper wrote
         while procs.group_alive(self.pgid):
@@ -178,7 +179,7 @@ class ProcessHandle:
 
     async def _reap_leader(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
-            await self._proc.wait()
+            await children.exited(self._proc, self._poll)
 
 
 @dataclass
@@ -287,15 +288,7 @@ class ProcessRuntime:
             argv = (sys.executable, "-I", "-S", str(WRAPPER), exit_file, *argv)
         try:
             with open(log_path, "ab") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=env,
-                    cwd=cwd,
-                    start_new_session=True,
-                )
+                proc = await children.spawn(argv, log, env, cwd)
         except FileNotFoundError:
             raise LaunchError(f"Cannot start the attempt: command not found: {argv[0]}") from None
         except PermissionError:

@@ -17,6 +17,7 @@ from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.snapshots import SNAPSHOT_SCHEMA_VERSION, dump_state
 from gpuquota.core import ClusterState
 from gpuquota.scheduler.loop import LoopFailed, RetryPolicy
+from gpuquota.scheduler.pacing import snapshot_pace
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +77,16 @@ class SnapshotPacing:
         """The state as a snapshot at ``seq``; paces the next one if dumping took long.
 
         Dumping costs in proportion to the state (a long queue), and it runs on the loop: after a
-        dump that took ``t`` seconds of this thread's CPU (over ``_CHEAP_DUMP_SECONDS``: a large
-        state, not a busy machine, since waiting for a CPU does not count), the next waits until
-        ``t / snapshot_cpu_share`` seconds have passed, so snapshots take at most that share of the
-        time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every`` inputs, which bounds the
-        log tail to replay on recovery.
+        dump that took more than ``_CHEAP_DUMP_SECONDS`` of this thread's CPU (a large state, not a
+        busy machine, since waiting for a CPU does not count) and ``w`` seconds of the loop's time, the
+        next waits until ``w / snapshot_cpu_share`` seconds have passed, so snapshots hold the loop at
+        most that share of the time; but never beyond ``_MAX_DEFERRAL`` times ``snapshot_every``
+        inputs, which bounds the log tail to replay on recovery.
         """
-        began = time.thread_time()
+        began, began_cpu = time.monotonic(), time.thread_time()
         data = dump_state(runtime.state)
-        took = time.thread_time() - began
-        if took > _CHEAP_DUMP_SECONDS:
-            runtime.snapshot_after = time.monotonic() + took / self.snapshot_cpu_share
+        if time.thread_time() - began_cpu > _CHEAP_DUMP_SECONDS:
+            runtime.snapshot_after = snapshot_pace(began, time.monotonic(), self.snapshot_cpu_share)
         return Snapshot(seq=seq, schema_version=SNAPSHOT_SCHEMA_VERSION, state=data)
 
     def _snapshot(self, runtime: PoolRuntime, snapshot: Snapshot | None = None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuquota.adapters.event_store import BatchEntry, InMemoryEventStore, TransientStoreError
 from gpuquota.core import fingerprint, replay
+from gpuquota.scheduler.pacing import snapshot_pace
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -258,3 +259,9 @@ async def test_heartbeats_that_decide_nothing_are_not_recorded_in_a_batch() -> N
     assert (p.stats.quiet, p.stats.decided) == (3, len(inputs))
     assert await p.handle_batch(records(beats, start=len(mixed))) == [Outcome.QUIET] * 3
     assert p.stats.batches == 1
+
+
+def test_snapshots_are_paced_by_the_time_they_held_the_loop() -> None:
+    # a dump that held the loop 0.5 s: with a 5 % share, the next one no sooner than 10 s later
+    assert snapshot_pace(100.0, 100.5, 0.05) == 100.5 + 10.0
+    assert snapshot_pace(100.0, 100.0, 0.05) == 100.0

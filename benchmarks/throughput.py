@@ -1,0 +1,304 @@
+"""Start rate of the embedded stack: ``python -m benchmarks.throughput --slots 64 --jobs 1000 --duration 0.5``
+
+(``--json`` prints one JSON object.)
+
+Server: ``gpuquota up --nodes ml.g5.xlarge=SLOTS`` in its own process (process runtime, event log in
+SQLite under a temporary directory). Setup with boto3: one scheduling policy, one service environment
+of SLOTS x ``ml.g5.xlarge``, one job queue and two quota shares of SLOTS / 2 each: ``BORROW``
+(LEND_AND_BORROW, unlimited borrowing) and ``LEND`` (LEND). While ``LEND`` is idle, ``BORROW`` runs
+SLOTS jobs at once.
+
+Phase 1 (starts): JOBS jobs of ``--duration`` seconds in ``BORROW``, each a short shell command,
+``date +%s.%N > DIR/$GPUQUOTA_JOB_ID.start; sleep DURATION``: every job writes its own start time.
+They are submitted one ``SubmitServiceJob`` request each, from ``--clients`` threads with a boto3
+client each; then the benchmark waits for every job to succeed.
+
+- ``submits_per_s``: JOBS over the time from the first submission to the last answer;
+- ``starts_per_s``: JOBS over the time from the first written start to the end of the last job's run
+  (its start plus ``--duration``): how fast the pool turned over. With instant starts it approaches
+  ``ideal_starts_per_s`` = SLOTS / DURATION from below (1,000 jobs on 64 slots: 16 waves, 125/s);
+- ``submit_to_start_p50_s``, ``submit_to_start_p99_s``: from the submission request's sending to the
+  start the job wrote (queueing included: the pool is the limit, so later jobs wait for slots).
+
+Phase 2 (preemption): SLOTS long jobs in ``BORROW`` borrow the whole pool; once all have started, one
+job arrives in ``LEND``, which reclaims its share: ``preemption_to_start_s`` is the time from that
+submission to the start the job wrote (the victim is stopped with SIGTERM first). The long jobs are
+then terminated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gateway import Server
+from benchmarks.report import print_result
+
+UNIT = "ml.g5.xlarge"
+QUEUE = "throughput"
+BORROW, LEND = "BORROW", "LEND"
+LONG_SECONDS = 300
+
+
+def batch_client(url: str) -> Any:
+    """A boto3 Batch client for ``url`` at its cheapest: authentication is off, so requests go unsigned
+    (SigV4 signing is most of boto3's CPU per request) and parameters are not validated client-side."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    config = Config(signature_version=UNSIGNED, parameter_validation=False, retries={"max_attempts": 0})
+    return boto3.client("batch", endpoint_url=url, region_name="us-east-1", config=config)
+
+
+def setup(url: str, slots: int) -> None:
+    batch = batch_client(url)
+    batch.create_scheduling_policy(name="policy", quotaSharePolicy={"idleResourceAssignmentStrategy": "FIFO"})
+    batch.create_service_environment(
+        serviceEnvironmentName="se",
+        serviceEnvironmentType="SAGEMAKER_TRAINING",
+        capacityLimits=[{"capacityUnit": UNIT, "maxCapacity": slots}],
+    )
+    batch.create_job_queue(
+        jobQueueName=QUEUE,
+        priority=1,
+        jobQueueType="SAGEMAKER_TRAINING",
+        schedulingPolicyArn="arn:aws:batch:us-east-1:000000000000:scheduling-policy/policy",
+        serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
+    )
+    half = slots // 2
+    for name, sharing, limit in (
+        (BORROW, {"strategy": "LEND_AND_BORROW", "borrowLimit": -1}, slots - half),
+        (LEND, {"strategy": "LEND"}, half),
+    ):
+        batch.create_quota_share(
+            quotaShareName=name,
+            jobQueue=QUEUE,
+            capacityLimits=[{"capacityUnit": UNIT, "maxCapacity": limit}],
+            resourceSharingConfiguration=sharing,
+            preemptionConfiguration={"inSharePreemption": "DISABLED"},
+        )
+    batch.close()
+
+
+def payload(script: str) -> str:
+    return json.dumps(
+        {
+            "TrainingJobName": "throughput",
+            "AlgorithmSpecification": {
+                "TrainingImage": "local",
+                "TrainingInputMode": "File",
+                "ContainerEntrypoint": ["sh", "-c"],
+                "ContainerArguments": [script],
+            },
+            "ResourceConfig": {"InstanceType": UNIT, "InstanceCount": 1, "VolumeSizeInGB": 30},
+            "RoleArn": "arn:aws:iam::000000000000:role/training",
+            "OutputDataConfig": {"S3OutputPath": "s3://bucket/output"},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+        }
+    )
+
+
+def job_script(starts: Path, seconds: float) -> str:
+    """The job writes its start time (and, for the benchmark's clean-up, its pid) before it sleeps."""
+    job = f'{starts}/"$GPUQUOTA_JOB_ID"'
+    return f"date +%s.%N > {job}.start; echo $$ > {job}.pid; sleep {seconds}"
+
+
+class Submitter:
+    """``jobs`` submissions, one request each, spread over ``clients`` threads with a boto3 client each."""
+
+    def __init__(self, url: str, clients: int) -> None:
+        self.local = threading.local()
+        self.url = url
+        self.pool = ThreadPoolExecutor(clients)
+
+    def _client(self) -> Any:
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = batch_client(self.url)
+        return client
+
+    def _submit(self, name: str, share: str, body: str) -> tuple[str, float]:
+        sent = time.time()
+        answer = self._client().submit_service_job(
+            jobName=name,
+            jobQueue=QUEUE,
+            serviceJobType="SAGEMAKER_TRAINING",
+            quotaShareName=share,
+            schedulingPriority=1,
+            serviceRequestPayload=body,
+        )
+        return str(answer["jobId"]), sent
+
+    def submit(self, count: int, share: str, body: str, prefix: str) -> dict[str, float]:
+        """Job id -> the time its submission was sent."""
+        futures = [self.pool.submit(self._submit, f"{prefix}-{i}", share, body) for i in range(count)]
+        return dict(f.result() for f in futures)
+
+    def warm(self, clients: int) -> None:
+        """Creates each thread's client (botocore's model loading is not part of the measure)."""
+        barrier = threading.Barrier(clients)
+
+        def make() -> None:
+            self._client()
+            barrier.wait()
+
+        for f in [self.pool.submit(make) for _ in range(clients)]:
+            f.result()
+
+
+def read_starts(starts: Path, job_ids: list[str]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for job_id in job_ids:
+        try:
+            text = (starts / f"{job_id}.start").read_text().strip()
+        except FileNotFoundError:
+            continue
+        if text:
+            found[job_id] = float(text)
+    return found
+
+
+def wait_for_starts(starts: Path, job_ids: list[str], timeout: float) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = read_starts(starts, job_ids)
+        if len(found) == len(job_ids):
+            return found
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(found)} of {len(job_ids)} jobs wrote their start in {timeout:g} s")
+        time.sleep(0.05)
+
+
+def count_status(batch: Any, status: str) -> int:
+    count, token = 0, None
+    while True:
+        page = batch.list_service_jobs(jobQueue=QUEUE, jobStatus=status, maxResults=100, **token_arg(token))
+        count += len(page["jobSummaryList"])
+        token = page.get("nextToken")
+        if not token:
+            return count
+
+
+def token_arg(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"nextToken": token}
+
+
+def wait_until_done(batch: Any, jobs: int, timeout: float) -> int:
+    """Waits until ``jobs`` jobs ended (SUCCEEDED or FAILED); returns the failures."""
+    deadline = time.monotonic() + timeout
+    while True:
+        failed = count_status(batch, "FAILED")
+        if count_status(batch, "SUCCEEDED") + failed >= jobs:
+            return failed
+        if time.monotonic() > deadline:
+            raise SystemExit(f"not every job ended within {timeout:g} s")
+        time.sleep(0.2)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+def starts_phase(url: str, args: argparse.Namespace, submitter: Submitter, starts: Path) -> dict[str, Any]:
+    body = payload(job_script(starts, args.duration))
+    began, cpu = time.time(), time.process_time()
+    submitted = submitter.submit(args.jobs, BORROW, body, "job")
+    submit_seconds = time.time() - began
+    client_cpu_ms = (time.process_time() - cpu) * 1000 / args.jobs
+    started = wait_for_starts(starts, list(submitted), 60 + 10 * args.jobs * args.duration / args.slots)
+    batch = batch_client(url)
+    failed = wait_until_done(batch, args.jobs, 60 + args.duration * 10)
+    batch.close()
+    delays = [started[j] - submitted[j] for j in submitted]
+    span = max(started.values()) + args.duration - min(started.values())
+    return {
+        "submits_per_s": round(args.jobs / submit_seconds, 1),
+        "starts_per_s": round(args.jobs / span, 1),
+        "ideal_starts_per_s": round(args.slots / args.duration, 1),
+        "submit_to_start_p50_s": round(percentile(delays, 0.50), 3),
+        "submit_to_start_p99_s": round(percentile(delays, 0.99), 3),
+        "client_cpu_ms_per_submit": round(client_cpu_ms, 2),
+        "failed_jobs": failed,
+    }
+
+
+def preemption_phase(url: str, args: argparse.Namespace, submitter: Submitter, starts: Path) -> float:
+    long_jobs = submitter.submit(args.slots, BORROW, payload(job_script(starts, LONG_SECONDS)), "long")
+    wait_for_starts(starts, list(long_jobs), 120)
+    submitted = submitter.submit(1, LEND, payload(job_script(starts, 0)), "lender")
+    ((job_id, sent),) = submitted.items()
+    started = wait_for_starts(starts, [job_id], 120 + args.slots)
+    batch = batch_client(url)
+    for long_id in long_jobs:
+        batch.terminate_service_job(jobId=long_id, reason="benchmark over")
+    batch.close()
+    return started[job_id] - sent
+
+
+def kill_leftovers(starts: Path) -> None:
+    """Ends what a job left behind (the long jobs if their termination did not go through): only a
+    process whose command line names this run's start directory, so a reused pid is never signalled."""
+    for pid_file in starts.glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            if str(starts).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gpuquota-throughput-") as tmp:
+        starts = Path(tmp) / "starts"
+        starts.mkdir()
+        command = ["-m", "gpuquota", "up", "--port", "0", "--data-dir", str(Path(tmp) / "data")]
+        server = Server([*command, "--nodes", f"{UNIT}={args.slots}"], args.profile)
+        try:
+            setup(server.url, args.slots)
+            submitter = Submitter(server.url, args.clients)
+            submitter.warm(args.clients)
+            result: dict[str, Any] = {"jobs": args.jobs, "slots": args.slots, "duration": args.duration}
+            load_before = os.getloadavg()[0]
+            cpu_before = server.cpu_seconds()
+            result.update(starts_phase(server.url, args, submitter, starts))
+            result["server_cpu_ms_per_job"] = round((server.cpu_seconds() - cpu_before) * 1000 / args.jobs, 2)
+            result["preemption_to_start_s"] = round(preemption_phase(server.url, args, submitter, starts), 3)
+            result["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            submitter.pool.shutdown()
+        finally:
+            server.stop()
+            kill_leftovers(starts)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.throughput", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--slots", type=int, default=64, help="ml.g5.xlarge slots of the one local node")
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs of the start phase")
+    parser.add_argument("--duration", type=float, default=0.5, help="seconds each job sleeps")
+    parser.add_argument("--clients", type=int, default=4, help="submitting threads (one boto3 client each)")
+    parser.add_argument("--profile", metavar="FILE", help="run the server under cProfile, stats to FILE")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.slots < 2 or args.jobs < 1 or args.duration <= 0:
+        parser.error("--slots must be at least 2, --jobs at least 1 and --duration positive")
+    print_result(run(args), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

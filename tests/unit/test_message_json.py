@@ -1,0 +1,27 @@
+"""The memo of messages' JSON: the same text as pydantic's, once per object, bounded."""
+
+from __future__ import annotations
+
+from gpuquota.adapters import message_json as memo
+from gpuquota.adapters.kafka import encode
+from gpuquota.adapters.log_codec import encode_events
+from gpuquota.wire import events as ev
+
+
+def event(job_id: str) -> ev.JobSucceeded:
+    return ev.JobSucceeded(event_id=f"e-{job_id}", occurred_at=1, job_id=job_id, attempt_id=f"{job_id}-a1")
+
+
+def test_the_memo_gives_pydantics_json_for_each_object() -> None:
+    first, second = event("a"), event("b")
+    assert encode_events([first, second]) == f"[{first.model_dump_json()},{second.model_dump_json()}]"
+    assert encode(first) == first.model_dump_json().encode()
+    assert memo.message_json(second) is memo.message_json(second), "encoded once"
+    twin = event("a")  # equal, but another object: encoded on its own
+    assert memo.message_json(twin) == memo.message_json(first)
+
+
+def test_the_memo_is_bounded() -> None:
+    for i in range(memo.RECENT + 10):
+        memo.message_json(event(str(i)))
+    assert len(memo._recent) == memo.RECENT
