@@ -25,7 +25,7 @@ from gpuquota.core import nodes
 from gpuquota.core.blocked import TIME_LIMIT_REASON
 from gpuquota.core.context import Context, EventHook
 from gpuquota.core.hygiene import tag_problem, timed_units
-from gpuquota.core.outcomes import apply_report, finish_share_deletion, reject
+from gpuquota.core.outcomes import apply_report, finish_share_deletion, reject, request_stop
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
@@ -264,14 +264,7 @@ def _start_share_deletion(ctx: Context, share: ShareRecord, reason: str) -> None
     for job in sorted(_jobs_of_share(state, share), key=lambda j: j.job_id):
         if job.dispatched:
             if job.stop is None or job.stop.cause != "TERMINATED":
-                assert job.attempt_id is not None  # dispatched
-                ctx.emit(
-                    ev.JobStopRequested,
-                    job_id=job.job_id,
-                    attempt_id=job.attempt_id,
-                    cause="SHARE_DELETED",
-                    status_reason=reason,
-                )
+                request_stop(ctx, job, "SHARE_DELETED", reason)
         else:
             ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=reason, is_terminated=True)
 
@@ -351,14 +344,7 @@ def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
         return True
     if job.stop is not None and job.stop.cause == "TERMINATED":
         return False
-    assert job.attempt_id is not None  # dispatched
-    ctx.emit(
-        ev.JobStopRequested,
-        job_id=job.job_id,
-        attempt_id=job.attempt_id,
-        cause="TERMINATED",
-        status_reason=m.reason,
-    )
+    request_stop(ctx, job, "TERMINATED", m.reason)
     return False
 
 
