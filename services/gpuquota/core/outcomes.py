@@ -54,6 +54,13 @@ def request_stop(ctx: Context, job: JobRecord, cause: ev.StopCause, reason: str)
     )
 
 
+def fail_terminated(ctx: Context, job: JobRecord, reason: str) -> None:
+    """The job FAILED as terminated: a queued one at once, a dispatched one once its attempt is gone."""
+    ctx.emit(
+        ev.JobFailed, job_id=job.job_id, attempt_id=job.attempt_id, status_reason=reason, is_terminated=True
+    )
+
+
 def jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
     """The dispatched jobs with a placement on the node, by job id."""
     return sorted(
@@ -96,13 +103,7 @@ def stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
     elif stop.cause in ("TIMEOUT", "INSTANCE_FAILED"):
         attempt_failed(ctx, job, stop.reason)
     else:
-        ctx.emit(
-            ev.JobFailed,
-            job_id=job.job_id,
-            attempt_id=attempt_id,
-            status_reason=stop.reason,
-            is_terminated=True,
-        )
+        fail_terminated(ctx, job, stop.reason)
 
 
 def failure_reason(m: inp.AttemptReport) -> str:
