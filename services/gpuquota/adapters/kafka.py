@@ -40,31 +40,27 @@ Headers = list[tuple[str, bytes]]
 _TOPIC_ALREADY_EXISTS = 36
 
 
+class _Prefixed:
+    """A catalogue topic's name behind the deployment's prefix, as an attribute of ``KafkaTopics``."""
+
+    def __init__(self, topic: Topic) -> None:
+        self.topic = topic
+
+    def __get__(self, topics: KafkaTopics, owner: type[KafkaTopics]) -> str:
+        return topics.prefix + self.topic.name
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaTopics:
     """The topic names (and group ids) of one deployment: the catalogue's names behind ``prefix``."""
 
     prefix: str = ""
 
-    @property
-    def inputs(self) -> str:
-        return self.prefix + SCHEDULER_INPUTS.name
-
-    @property
-    def job_state(self) -> str:
-        return self.prefix + JOB_STATE.name
-
-    @property
-    def input_results(self) -> str:
-        return self.prefix + INPUT_RESULTS.name
-
-    @property
-    def node_commands(self) -> str:
-        return self.prefix + NODE_COMMANDS.name
-
-    @property
-    def dead_letter(self) -> str:
-        return self.prefix + DEAD_LETTER.name
+    inputs = _Prefixed(SCHEDULER_INPUTS)
+    job_state = _Prefixed(JOB_STATE)
+    input_results = _Prefixed(INPUT_RESULTS)
+    node_commands = _Prefixed(NODE_COMMANDS)
+    dead_letter = _Prefixed(DEAD_LETTER)
 
     @property
     def scheduler_group(self) -> str:

@@ -25,7 +25,7 @@ from gpuquota.core import nodes
 from gpuquota.core.blocked import TIME_LIMIT_REASON
 from gpuquota.core.context import Context, EventHook
 from gpuquota.core.hygiene import tag_problem, timed_units
-from gpuquota.core.outcomes import apply_report, finish_share_deletion, reject
+from gpuquota.core.outcomes import apply_report, fail_terminated, finish_share_deletion, reject, request_stop
 from gpuquota.core.quota import share_limit
 from gpuquota.core.schedule import schedule
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
@@ -264,16 +264,9 @@ def _start_share_deletion(ctx: Context, share: ShareRecord, reason: str) -> None
     for job in sorted(_jobs_of_share(state, share), key=lambda j: j.job_id):
         if job.dispatched:
             if job.stop is None or job.stop.cause != "TERMINATED":
-                assert job.attempt_id is not None  # dispatched
-                ctx.emit(
-                    ev.JobStopRequested,
-                    job_id=job.job_id,
-                    attempt_id=job.attempt_id,
-                    cause="SHARE_DELETED",
-                    status_reason=reason,
-                )
+                request_stop(ctx, job, "SHARE_DELETED", reason)
         else:
-            ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=reason, is_terminated=True)
+            fail_terminated(ctx, job, reason)
 
 
 def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
@@ -347,18 +340,11 @@ def _terminate(ctx: Context, m: inp.TerminateJob) -> bool:
     if job is None:
         return reject(ctx, m, f"Job {m.job_id} does not exist or has finished", job_id=m.job_id)
     if not job.dispatched:
-        ctx.emit(ev.JobFailed, job_id=job.job_id, status_reason=m.reason, is_terminated=True)
+        fail_terminated(ctx, job, m.reason)
         return True
     if job.stop is not None and job.stop.cause == "TERMINATED":
         return False
-    assert job.attempt_id is not None  # dispatched
-    ctx.emit(
-        ev.JobStopRequested,
-        job_id=job.job_id,
-        attempt_id=job.attempt_id,
-        cause="TERMINATED",
-        status_reason=m.reason,
-    )
+    request_stop(ctx, job, "TERMINATED", m.reason)
     return False
 
 
@@ -415,4 +401,4 @@ def _time_limits(ctx: Context, now: int) -> None:
         limits = [a.max_time_seconds for a in queue.time_limit_actions if a.reason == code]
         if limits and now - since >= min(limits) * 1000:
             reason = TIME_LIMIT_REASON.format(code=code)
-            ctx.emit(ev.JobFailed, job_id=job_id, status_reason=reason, is_terminated=True)
+            fail_terminated(ctx, head, reason)

@@ -25,7 +25,14 @@ Inputs without ``attempts`` (older agents and logs) skip steps 1 to 3.
 from __future__ import annotations
 
 from gpuquota.core.context import Context
-from gpuquota.core.outcomes import apply_report, finish_share_deletion, jobs_on_node, reject, stopped
+from gpuquota.core.outcomes import (
+    apply_report,
+    finish_share_deletion,
+    jobs_on_node,
+    reject,
+    requeue,
+    stopped,
+)
 from gpuquota.core.state import ClusterState, JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -137,14 +144,7 @@ def _lose_attempt(ctx: Context, job: JobRecord, node_id: str, reason: str) -> No
     if job.stop is not None:
         stopped(ctx, job, node_id)
     else:
-        assert job.attempt_id is not None
-        ctx.emit(
-            ev.JobRequeued,
-            job_id=job.job_id,
-            attempt_id=job.attempt_id,
-            cause="NODE_LOST",
-            status_reason=reason,
-        )
+        requeue(ctx, job, "NODE_LOST", reason)
     finish_share_deletion(ctx, share)
 
 

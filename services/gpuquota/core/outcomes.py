@@ -40,6 +40,27 @@ def finish_share_deletion(ctx: Context, share: ShareRecord) -> None:
             ctx.emit(ev.JobQueueChanged, spec=state.queues[name], status="DELETED")
 
 
+def requeue(ctx: Context, job: JobRecord, cause: ev.RequeueCause, reason: str) -> None:
+    """The dispatched job's attempt ends and the job is RUNNABLE again."""
+    assert job.attempt_id is not None  # dispatched
+    ctx.emit(ev.JobRequeued, job_id=job.job_id, attempt_id=job.attempt_id, cause=cause, status_reason=reason)
+
+
+def request_stop(ctx: Context, job: JobRecord, cause: ev.StopCause, reason: str) -> None:
+    """The node agents must stop the dispatched job's attempt; ``stopped`` decides once it is gone."""
+    assert job.attempt_id is not None  # dispatched
+    ctx.emit(
+        ev.JobStopRequested, job_id=job.job_id, attempt_id=job.attempt_id, cause=cause, status_reason=reason
+    )
+
+
+def fail_terminated(ctx: Context, job: JobRecord, reason: str) -> None:
+    """The job FAILED as terminated: a queued one at once, a dispatched one once its attempt is gone."""
+    ctx.emit(
+        ev.JobFailed, job_id=job.job_id, attempt_id=job.attempt_id, status_reason=reason, is_terminated=True
+    )
+
+
 def jobs_on_node(state: ClusterState, node_id: str) -> list[JobRecord]:
     """The dispatched jobs with a placement on the node, by job id."""
     return sorted(
@@ -58,9 +79,7 @@ def attempt_failed(ctx: Context, job: JobRecord, reason: str) -> None:
     """S5.4: retry while attempts remain and ``evaluateOnExit`` says RETRY; otherwise FAILED."""
     assert job.attempt_id is not None
     if job.failures + 1 < job.retry_attempts and retry_allowed(job.evaluate_on_exit, reason):
-        ctx.emit(
-            ev.JobRequeued, job_id=job.job_id, attempt_id=job.attempt_id, cause="RETRY", status_reason=reason
-        )
+        requeue(ctx, job, "RETRY", reason)
     else:
         ctx.emit(ev.JobFailed, job_id=job.job_id, attempt_id=job.attempt_id, status_reason=reason)
 
@@ -71,14 +90,7 @@ def stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
     assert attempt_id is not None
     stop = job.stop
     if stop is None:
-        reason = f"Attempt {attempt_id} was handed back by node {node_id}"
-        ctx.emit(
-            ev.JobRequeued,
-            job_id=job.job_id,
-            attempt_id=attempt_id,
-            cause="HANDED_BACK",
-            status_reason=reason,
-        )
+        requeue(ctx, job, "HANDED_BACK", f"Attempt {attempt_id} was handed back by node {node_id}")
     elif stop.cause == "PREEMPTED":
         retries = job.preemption_retries
         if retries is not None and job.preempted_count + 1 > retries:
@@ -87,23 +99,11 @@ def stopped(ctx: Context, job: JobRecord, node_id: str) -> None:
                 ev.JobFailed, job_id=job.job_id, attempt_id=attempt_id, status_reason=reason, preempted=True
             )
         else:
-            ctx.emit(
-                ev.JobRequeued,
-                job_id=job.job_id,
-                attempt_id=attempt_id,
-                cause="PREEMPTED",
-                status_reason=stop.reason,
-            )
+            requeue(ctx, job, "PREEMPTED", stop.reason)
     elif stop.cause in ("TIMEOUT", "INSTANCE_FAILED"):
         attempt_failed(ctx, job, stop.reason)
     else:
-        ctx.emit(
-            ev.JobFailed,
-            job_id=job.job_id,
-            attempt_id=attempt_id,
-            status_reason=stop.reason,
-            is_terminated=True,
-        )
+        fail_terminated(ctx, job, stop.reason)
 
 
 def failure_reason(m: inp.AttemptReport) -> str:
@@ -137,13 +137,7 @@ def part_ended_early(ctx: Context, job: JobRecord, m: inp.AttemptReport) -> bool
         reason = failure_reason(m)
         if status == "STOPPED":
             reason = m.status_reason or f"Attempt {attempt_id} was handed back by node {m.node_id}"
-        ctx.emit(
-            ev.JobStopRequested,
-            job_id=job.job_id,
-            attempt_id=attempt_id,
-            cause="INSTANCE_FAILED",
-            status_reason=reason,
-        )
+        request_stop(ctx, job, "INSTANCE_FAILED", reason)
     return True
 
 

@@ -241,6 +241,22 @@ def _diff_limits(current: dict[str, int], desired: dict[str, int]) -> list[str]:
     return out
 
 
+def _state_change(current: dict[str, Any], state: str, update: dict[str, Any]) -> list[str]:
+    """Put a changed ``state`` into ``update``; the change as a detail line."""
+    if current.get("state") == state:
+        return []
+    update["state"] = state
+    return [f"state: {current.get('state')} -> {state}"]
+
+
+def _limit_changes(current: dict[str, Any], limits: dict[str, int], update: dict[str, Any]) -> list[str]:
+    """Put changed capacity limits into ``update``; the changes as detail lines."""
+    changes = _diff_limits(_limit_map(current.get("capacityLimits", [])), limits)
+    if changes:
+        update["capacityLimits"] = _limits(limits)
+    return changes
+
+
 def _status(described: dict[str, Any] | None) -> str | None:
     return None if described is None else str(described.get("status", "VALID"))
 
@@ -353,14 +369,8 @@ class Applier:
             self._record("service environment", doc.name, [], created=True)
             return
         update: dict[str, Any] = {}
-        details: list[str] = []
-        if current.get("state") != doc.state:
-            update["state"] = doc.state
-            details.append(f"state: {current.get('state')} -> {doc.state}")
-        limit_changes = _diff_limits(_limit_map(current.get("capacityLimits", [])), doc.capacityLimits)
-        if limit_changes:
-            update["capacityLimits"] = _limits(doc.capacityLimits)
-            details += limit_changes
+        details = _state_change(current, doc.state, update)
+        details += _limit_changes(current, doc.capacityLimits, update)
         if update and not self.dry_run:
             self.api.call("update_service_environment", serviceEnvironment=doc.name, **update)
             self._wait_valid(
@@ -391,10 +401,7 @@ class Applier:
             self._record("job queue", doc.name, [], created=True)
             return
         update: dict[str, Any] = {}
-        details: list[str] = []
-        if current.get("state") != doc.state:
-            update["state"] = doc.state
-            details.append(f"state: {current.get('state')} -> {doc.state}")
+        details = _state_change(current, doc.state, update)
         if current.get("priority") != doc.priority:
             update["priority"] = doc.priority
             details.append(f"priority: {current.get('priority')} -> {doc.priority}")
@@ -454,11 +461,7 @@ class Applier:
             return
         arn = str(current["quotaShareArn"])
         update: dict[str, Any] = {}
-        details: list[str] = []
-        limit_changes = _diff_limits(_limit_map(current.get("capacityLimits", [])), doc.capacityLimits)
-        if limit_changes:
-            update["capacityLimits"] = _limits(doc.capacityLimits)
-            details += limit_changes
+        details = _limit_changes(current, doc.capacityLimits, update)
         current_sharing = current.get("resourceSharingConfiguration", {})
         for key in ("strategy", "borrowLimit"):
             if current_sharing.get(key) != sharing.get(key):
@@ -469,9 +472,7 @@ class Applier:
         if current_in_share != doc.inSharePreemption:
             update["preemptionConfiguration"] = preemption
             details.append(f"inSharePreemption: {current_in_share} -> {doc.inSharePreemption}")
-        if current.get("state") != doc.state:
-            update["state"] = doc.state
-            details.append(f"state: {current.get('state')} -> {doc.state}")
+        details += _state_change(current, doc.state, update)
         if update and not self.dry_run:
             self.api.call("update_quota_share", quotaShareArn=arn, **update)
             self._wait_valid(lambda: _status(self._describe_share(arn)), f"quota share {label}")

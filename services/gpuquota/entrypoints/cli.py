@@ -10,8 +10,10 @@ flags. Usage errors exit 2 (argparse's convention), failures 1; ``docs/cli.md`` 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpuquota import __version__
 
@@ -64,28 +66,14 @@ def _scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None, help=help_text)
 
 
-def _node_agent(args: argparse.Namespace) -> int:
-    from gpuquota.entrypoints.node_agent import run
+def _imported(module: str, name: str) -> Callable[[Any], Any]:
+    """``module.name``, imported when called: ``gpuquota --help`` and each command import only what
+    they use."""
 
-    return run(args)
+    def call(argument: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(argument)
 
-
-def _node_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.entrypoints.node_agent import configure
-
-    configure(parser)
-
-
-def _up(args: argparse.Namespace) -> int:
-    from gpuquota.entrypoints.embedded import run_up
-
-    return run_up(args)
-
-
-def _up_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.entrypoints.embedded import configure_up
-
-    configure_up(parser)
+    return call
 
 
 def _client(name: str) -> Handler:
@@ -99,27 +87,6 @@ def _client(name: str) -> Handler:
     return handler
 
 
-def _client_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
-    def configure(parser: argparse.ArgumentParser) -> None:
-        from gpuquota.ctl import commands
-
-        getattr(commands, f"configure_{name}")(parser)
-
-    return configure
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from gpuquota.ctl.demo import run_demo
-
-    return run_demo(args)
-
-
-def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.ctl.demo import configure_demo
-
-    configure_demo(parser)
-
-
 def _sim(name: str) -> Handler:
     """A local command of :mod:`gpuquota.sim.commands` (``<name>_command``): no gateway needed."""
 
@@ -131,24 +98,24 @@ def _sim(name: str) -> Handler:
     return handler
 
 
-def _sim_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
-    def configure(parser: argparse.ArgumentParser) -> None:
-        from gpuquota.sim import commands
-
-        getattr(commands, f"configure_{name}")(parser)
-
-    return configure
-
-
 #: subcommand -> (help, handler); extend by replacing the handler of a command.
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "version": ("print the version and exit", _version),
     "completion": ("print the shell completion script (eval it in ~/.bashrc or ~/.zshrc)", _completion),
     "gateway": ("run the HTTP gateway (GPUQUOTA_* env vars)", _gateway),
     "scheduler": ("run the Kafka scheduler (GPUQUOTA_* env vars)", _scheduler),
-    "node-agent": ("run the agent of one GPU node (flags or GPUQUOTA_* env vars)", _node_agent),
-    "up": ("run a whole local deployment in one process", _up),
-    "demo": ("run the worked example (S8) end to end and draw its timeline", _demo),
+    "node-agent": (
+        "run the agent of one GPU node (flags or GPUQUOTA_* env vars)",
+        _imported("gpuquota.entrypoints.node_agent", "run"),
+    ),
+    "up": (
+        "run a whole local deployment in one process",
+        _imported("gpuquota.entrypoints.embedded", "run_up"),
+    ),
+    "demo": (
+        "run the worked example (S8) end to end and draw its timeline",
+        _imported("gpuquota.ctl.demo", "run_demo"),
+    ),
     "apply": ("create or update policy, environment, queue and quota shares from YAML", _client("apply")),
     "jobs": ("submit, list, describe, reprioritise or terminate jobs; read their logs", _client("jobs")),
     "shares": ("show quota shares: limits, usage, borrowed, lent, queued", _client("shares")),
@@ -163,16 +130,16 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "completion": _completion_arguments,
     "gateway": _gateway_arguments,
     "scheduler": _scheduler_arguments,
-    "node-agent": _node_agent_arguments,
-    "up": _up_arguments,
-    "demo": _demo_arguments,
-    "apply": _client_arguments("apply"),
-    "jobs": _client_arguments("jobs"),
-    "shares": _client_arguments("shares"),
-    "nodes": _client_arguments("nodes"),
-    "explain": _client_arguments("explain"),
-    "simulate": _sim_arguments("simulate"),
-    "trace": _sim_arguments("trace"),
+    "node-agent": _imported("gpuquota.entrypoints.node_agent", "configure"),
+    "up": _imported("gpuquota.entrypoints.embedded", "configure_up"),
+    "demo": _imported("gpuquota.ctl.demo", "configure_demo"),
+    "apply": _imported("gpuquota.ctl.commands", "configure_apply"),
+    "jobs": _imported("gpuquota.ctl.commands", "configure_jobs"),
+    "shares": _imported("gpuquota.ctl.commands", "configure_shares"),
+    "nodes": _imported("gpuquota.ctl.commands", "configure_nodes"),
+    "explain": _imported("gpuquota.ctl.commands", "configure_explain"),
+    "simulate": _imported("gpuquota.sim.commands", "configure_simulate"),
+    "trace": _imported("gpuquota.sim.commands", "configure_trace"),
 }
 
 

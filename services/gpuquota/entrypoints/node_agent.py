@@ -22,32 +22,34 @@ if TYPE_CHECKING:
 
 NOT_IMPLEMENTED = 2
 
-_SAME_NAME = "kafka node_id pool gpus slots runtime container_engine heartbeat_seconds preemption_grace"
-#: flag dest -> settings field (the same name, but ``--work-dir`` sets ``data_dir``)
-_FLAGS = {name: name for name in f"{_SAME_NAME} logs_port log_level metrics_port advertise_address".split()}
+#: flag -> help; each sets the settings field of its name (``--work-dir`` sets ``data_dir``)
+_HELP = {
+    "--kafka": "Kafka bootstrap servers host:port[,...] (GPUQUOTA_KAFKA)",
+    "--node-id": "this node's id (GPUQUOTA_NODE_ID)",
+    "--pool": "GPU pool (GPUQUOTA_POOL, default 'default')",
+    "--gpus": "GPUs when --slots is unset (GPUQUOTA_GPUS, default 1)",
+    "--slots": 'offered instances, e.g. "ml.g5.xlarge=3,ml.p4d.24xlarge=1" (GPUQUOTA_SLOTS)',
+    "--runtime": "process, simulated or container (GPUQUOTA_RUNTIME, default process)",
+    "--container-engine": "podman or docker (GPUQUOTA_CONTAINER_ENGINE, default: the first found)",
+    "--work-dir": "logs, checkpoints and state.json (GPUQUOTA_DATA_DIR, default .gpuquota)",
+    "--heartbeat-seconds": "heartbeat period (GPUQUOTA_HEARTBEAT_SECONDS, default 5)",
+    "--preemption-grace": "seconds from SIGTERM to SIGKILL (GPUQUOTA_PREEMPTION_GRACE, default 30)",
+    "--logs-port": "serve attempt logs to the gateway on this port (GPUQUOTA_LOGS_PORT, 0: off)",
+    "--log-level": "DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)",
+    "--metrics-port": "serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)",
+    "--advertise-address": "how other nodes reach this one (GPUQUOTA_ADVERTISE_ADDRESS, default: host name)",
+}
+#: flag dest -> settings field
+_FLAGS = {dest: dest for dest in (flag[2:].replace("-", "_") for flag in _HELP)}
 _FLAGS["work_dir"] = "data_dir"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--kafka", help="Kafka bootstrap servers host:port[,...] (GPUQUOTA_KAFKA)")
-    add("--node-id", help="this node's id (GPUQUOTA_NODE_ID)")
-    add("--pool", help="GPU pool (GPUQUOTA_POOL, default 'default')")
-    add("--gpus", help="GPUs when --slots is unset (GPUQUOTA_GPUS, default 1)")
-    add("--slots", help='offered instances, e.g. "ml.g5.xlarge=3,ml.p4d.24xlarge=1" (GPUQUOTA_SLOTS)')
-    add("--runtime", help="process, simulated or container (GPUQUOTA_RUNTIME, default process)")
-    add("--container-engine", help="podman or docker (GPUQUOTA_CONTAINER_ENGINE, default: the first found)")
-    add("--work-dir", help="logs, checkpoints and state.json (GPUQUOTA_DATA_DIR, default .gpuquota)")
-    add("--heartbeat-seconds", help="heartbeat period (GPUQUOTA_HEARTBEAT_SECONDS, default 5)")
-    add("--preemption-grace", help="seconds from SIGTERM to SIGKILL (GPUQUOTA_PREEMPTION_GRACE, default 30)")
-    add("--logs-port", help="serve attempt logs to the gateway on this port (GPUQUOTA_LOGS_PORT, 0: off)")
-    add("--log-level", help="DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)")
-    add("--metrics-port", help="serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)")
-    add(
-        "--advertise-address",
-        help="how other nodes reach this one (GPUQUOTA_ADVERTISE_ADDRESS, default: host name)",
+    for flag, text in _HELP.items():
+        parser.add_argument(flag, help=text)
+    parser.add_argument(
+        "--check", action="store_true", help="validate the configuration, print the node as JSON, exit"
     )
-    add("--check", action="store_true", help="validate the configuration, print the node as JSON, exit")
 
 
 def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:

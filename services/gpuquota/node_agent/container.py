@@ -28,7 +28,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -193,36 +193,28 @@ def describe_exit(code: int, oom: bool, failure: str | None) -> str:
     return f"exited with code {code}"
 
 
+@dataclass(eq=False, slots=True)
 class ContainerHandle:
     """One instance's container: waited for with the engine's ``wait``; its log copied by ``logs -f``."""
 
+    engine: ContainerEngine
+    name: str
+    host: str
+    failure_file: Path | None
+    log_path: Path
+    replay: bool
+    """Adopted: rewrite the log from the container's start."""
     pid: int | None = None
     pgid: int | None = None
     start_time: int | None = None
-
-    def __init__(
-        self,
-        engine: ContainerEngine,
-        name: str,
-        host: str,
-        failure_file: Path | None,
-        log_path: Path,
-        replay: bool,
-    ) -> None:
-        self.engine = engine
-        self.name = name
-        self.host = host
-        self.failure_file = failure_file
-        self.log_path = log_path
-        self._replay = replay  # adopted: rewrite the log from the container's start
-        self._follower: subprocess.Popen[bytes] | None = None
+    _follower: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def _follow_log(self) -> None:
         if self._follower is not None:
             return
         _reap_followers()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb" if self._replay else "ab") as log:
+        with open(self.log_path, "wb" if self.replay else "ab") as log:
             self._follower = subprocess.Popen(
                 self.engine.argv("logs", "--follow", self.name),
                 stdin=subprocess.DEVNULL,

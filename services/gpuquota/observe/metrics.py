@@ -42,34 +42,37 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
+_SHARE_UNIT = ("queue", "share", "unit")
+"""The labels of a share's figure in one capacity unit."""
+
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # name (without _total for counters): (type, labels, help)
-    "gpuquota_share_limit_instances": ("gauge", ("queue", "share", "unit"), "The share's limit L(s,u)"),
+    "gpuquota_share_limit_instances": ("gauge", _SHARE_UNIT, "The share's limit L(s,u)"),
     "gpuquota_share_maximum_instances": (
         "gauge",
-        ("queue", "share", "unit"),
+        _SHARE_UNIT,
         "The most the share may hold, M(s,u) (+Inf: unbounded borrowing)",
     ),
     "gpuquota_share_used_instances": (
         "gauge",
-        ("queue", "share", "unit"),
+        _SHARE_UNIT,
         "Instances held by the share's SCHEDULED, STARTING and RUNNING jobs",
     ),
-    "gpuquota_share_borrowed_instances": ("gauge", ("queue", "share", "unit"), "max(0, used - limit)"),
+    "gpuquota_share_borrowed_instances": ("gauge", _SHARE_UNIT, "max(0, used - limit)"),
     "gpuquota_share_lent_instances": (
         "gauge",
-        ("queue", "share", "unit"),
+        _SHARE_UNIT,
         "The share's idle instances other shares borrow (display figure of gpuquota shares)",
     ),
-    "gpuquota_share_queued_jobs": ("gauge", ("queue", "share", "unit"), "RUNNABLE jobs of the share"),
+    "gpuquota_share_queued_jobs": ("gauge", _SHARE_UNIT, "RUNNABLE jobs of the share"),
     "gpuquota_share_running_jobs": (
         "gauge",
-        ("queue", "share", "unit"),
+        _SHARE_UNIT,
         "Dispatched jobs of the share (SCHEDULED, STARTING or RUNNING)",
     ),
     "gpuquota_share_reserved_idle_instances": (
         "gauge",
-        ("queue", "share", "unit"),
+        _SHARE_UNIT,
         "A RESERVE share's idle instances, which nobody else may use",
     ),
     "gpuquota_pool_capacity_slots": ("gauge", ("pool", "unit"), "Slots on online, non-draining nodes"),
