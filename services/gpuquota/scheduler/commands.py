@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuquota.core.state import ClusterState, JobRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Placement
@@ -21,6 +23,13 @@ def gang(state: ClusterState, placements: tuple[Placement, ...]) -> tuple[GangNo
     return tuple(nodes)
 
 
+def _header(event: ev.SchedulerEvent, node_id: str, *, part: bool = False) -> dict[str, Any]:
+    """What a command derived from ``event`` takes from it: its time, and its id (with the node's for
+    one part of a per-node fan-out, so that each part's id is its own)."""
+    event_id = f"{event.event_id}/{node_id}" if part else event.event_id
+    return {"event_id": event_id, "occurred_at": event.occurred_at, "node_id": node_id}
+
+
 def _running_parts(job: JobRecord) -> list[str]:
     """The nodes of the job's attempt whose part has not ended."""
     over = {node for node, _ in job.parts_over}
@@ -34,9 +43,7 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
         nodes = gang(state, event.placements)
         return [
             RunAttempt(
-                event_id=f"{event.event_id}/{p.node_id}",
-                occurred_at=event.occurred_at,
-                node_id=p.node_id,
+                **_header(event, p.node_id, part=True),
                 job_id=event.job_id,
                 job_name=job.job_name,
                 attempt_id=event.attempt_id,
@@ -54,9 +61,7 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
     if isinstance(event, ev.AttemptFenced):
         return [
             StopAttempt(
-                event_id=event.event_id,
-                occurred_at=event.occurred_at,
-                node_id=event.node_id,
+                **_header(event, event.node_id),
                 job_id=event.job_id,
                 attempt_id=event.attempt_id,
                 reason=event.reason,
@@ -64,14 +69,7 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
         ]
     if isinstance(event, ev.InputRejected) and event.input_type == "NodeHeartbeat" and event.node_id:
         # the node is unknown or was declared lost while its agent kept running (S5.7)
-        return [
-            RegisterAgain(
-                event_id=event.event_id,
-                occurred_at=event.occurred_at,
-                node_id=event.node_id,
-                reason=event.reason,
-            )
-        ]
+        return [RegisterAgain(**_header(event, event.node_id), reason=event.reason)]
     return []
 
 
@@ -89,9 +87,7 @@ def _stop_parts(
         return []
     return [
         StopAttempt(
-            event_id=f"{event.event_id}/{node_id}",
-            occurred_at=event.occurred_at,
-            node_id=node_id,
+            **_header(event, node_id, part=True),
             job_id=event.job_id,
             attempt_id=attempt_id,
             reason=event.status_reason,
