@@ -24,27 +24,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.node_agent.records import AttemptBook
 
 
+@dataclass(eq=False)
 class StateSaver:
-    def __init__(
-        self, book: AttemptBook, records: Callable[[], dict[str, dict[str, Any]]], delay: float = 0.05
-    ) -> None:
-        self._book = book
-        self._records = records
-        self._delay = delay
-        self._dirty = False
-        self._before_send = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._commit: asyncio.Future[None] | None = None
-        self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Future[None]] = set()
-        self._closed = False
-        self.writes = 0
-        """Writes so far (tests and diagnosis)."""
+    book: AttemptBook
+    records: Callable[[], dict[str, dict[str, Any]]]
+    """The agent's records as ``state.json`` holds them, taken when a write begins."""
+    delay: float = 0.05
+    """At most this many seconds between an "in a while" change and its write."""
+    writes: int = field(default=0, init=False)
+    """Writes so far (tests and diagnosis)."""
+    _dirty: bool = field(default=False, init=False)
+    _before_send: bool = field(default=False, init=False)
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _commit: asyncio.Future[None] | None = field(default=None, init=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _tasks: set[asyncio.Future[None]] = field(default_factory=set, init=False)
+    _closed: bool = field(default=False, init=False)
 
     @property
     def pending(self) -> bool:
@@ -56,7 +57,7 @@ class StateSaver:
         self._closed = False
         self._cancel_timer()
         self._dirty = self._before_send = False
-        self._book.save(self._records())
+        self.book.save(self.records())
         self.writes += 1
 
     async def flush(self) -> None:
@@ -71,7 +72,7 @@ class StateSaver:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         async with self._lock:
             self._dirty = self._before_send = False
-            self._book.save(self._records())
+            self.book.save(self.records())
             self.writes += 1
 
     def changed(self, before_send: bool = False) -> None:
@@ -79,7 +80,7 @@ class StateSaver:
         self._dirty = True
         self._before_send = self._before_send or before_send
         if self._timer is None and not self._closed:
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self._timed)
+            self._timer = asyncio.get_running_loop().call_later(self.delay, self._timed)
 
     async def before_send(self) -> None:
         """The sender is about to send: a change marked ``before_send`` is written first."""
@@ -101,8 +102,8 @@ class StateSaver:
                 return  # a write that began after the change covered it
             self._cancel_timer()
             self._dirty = self._before_send = False
-            text = self._book.encode(self._records())  # on the loop: the records are the loop's
-            await asyncio.to_thread(self._book.write, text)
+            text = self.book.encode(self.records())  # on the loop: the records are the loop's
+            await asyncio.to_thread(self.book.write, text)
             self.writes += 1
 
     def _timed(self) -> None:
