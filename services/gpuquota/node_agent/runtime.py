@@ -182,23 +182,29 @@ class ProcessHandle:
             await children.exited(self._proc, self._poll)
 
 
-@dataclass
-class EndedHandle:
-    """An attempt that ended while no agent watched it: ``wait`` gives its recorded outcome."""
+class NoProcess:
+    """Base of the handles of attempts with no process of their own (ended before a restart, simulated):
+    no process to name, nothing to stop or reap."""
 
-    outcome: Outcome
     pid: int | None = None
     pgid: int | None = None
     start_time: int | None = None
-
-    async def wait(self) -> Outcome:
-        return self.outcome
 
     async def stop(self, grace: float, trace: Trace) -> None:
         return None
 
     async def reap(self) -> None:
         return None
+
+
+@dataclass
+class EndedHandle(NoProcess):
+    """An attempt that ended while no agent watched it: ``wait`` gives its recorded outcome."""
+
+    outcome: Outcome
+
+    async def wait(self) -> Outcome:
+        return self.outcome
 
 
 def read_exit(path: str | Path | None) -> Outcome | None:
@@ -347,21 +353,11 @@ def member_exit_path(exit_file: str | None, host: str, index: int) -> str | None
     return str(path.with_name(f"{path.stem}.{host}{path.suffix}"))
 
 
-class _Gone:
+class _Gone(NoProcess):
     """An instance that had already ended when the agent restarted (exit status unknown)."""
-
-    pid: int | None = None
-    pgid: int | None = None
-    start_time: int | None = None
 
     async def wait(self) -> Outcome:
         return Outcome(exit_code=None, reason="exit status unknown (ended while the node agent was down)")
-
-    async def stop(self, grace: float, trace: Trace) -> None:
-        return None
-
-    async def reap(self) -> None:
-        return None
 
 
 def _wrapper_pid(exit_path: str) -> int | None:
@@ -378,12 +374,9 @@ SIM_EXIT_CODE = "GPUQUOTA_SIM_EXIT_CODE"
 
 
 @dataclass
-class SimulatedHandle:
+class SimulatedHandle(NoProcess):
     duration: float
     exit_code: int
-    pid: int | None = None
-    pgid: int | None = None
-    start_time: int | None = None
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def wait(self) -> Outcome:
@@ -396,9 +389,6 @@ class SimulatedHandle:
     async def stop(self, grace: float, trace: Trace) -> None:
         self._stopped.set()
         trace("simulated attempt stopped")
-
-    async def reap(self) -> None:
-        return None
 
 
 class SimulatedRuntime:
