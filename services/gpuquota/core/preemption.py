@@ -109,11 +109,15 @@ def find_victims(
 
 
 def cross_share_candidates(ledger: Ledger, head: JobRecord) -> tuple[Iterator[VictimKey], Eligible]:
-    """S4.1: dispatched, not-yet-stopping jobs of *other* shares that borrow ``head``'s unit."""
+    """S4.1: dispatched, not-yet-stopping jobs of *other* shares that borrow ``head``'s unit.
+
+    Borrowing is S2.6's ``U > L`` with S2.2's ``U``: the instances the share's jobs hold. A hold the share
+    has for its own waiting head (S4.3) is not usage yet: counted, it made a share at its limit look
+    borrowing, and a reclaim preempted a job it did not owe (found by the S7.5 property test)."""
     state, unit = ledger.state, head.unit
     borrowing = {}
     for s in ledger.shares:
-        usage, limit = ledger.share_usage(s, unit), share_limit(s, unit)
+        usage, limit = s.usage.get(unit, 0), share_limit(s, unit)
         if s.key != head.share and usage > limit:
             borrowing[s.key] = (usage, limit)
     queues: list[Iterable[VictimKey]] = [state.shares[key].victims.get(unit, ()) for key in borrowing]

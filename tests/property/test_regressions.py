@@ -1,0 +1,32 @@
+"""Failing cases Hypothesis found once, replayed step by step on every run (its database is not kept
+in CI, so a rare case it found would otherwise be found again only by chance).
+
+Each file in ``regressions/`` is the "Failing test case" Hypothesis printed for ``SchedulerMachine``
+(``test_invariants.py``), with its strategy reprs written as names; the replay runs every rule and
+invariant in that order and the teardown (replay and liveness checks).
+
+- ``reclaim_counted_a_hold_*``: a cross-share reclaim preempted a job of a share exactly at its
+  limit, because the capacity held for that share's own waiting head (S4.3) was counted as its usage
+  (S7.5: "victim share not borrowing").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuquota.wire.base import Strategy
+from tests.property.test_invariants import SchedulerMachine
+
+CASES = sorted((Path(__file__).parent / "regressions").glob("*.py.txt"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name.removesuffix(".py.txt") for c in CASES])
+def test_found_case_holds_its_invariants(case: Path) -> None:
+    steps = compile(case.read_text(), str(case), "exec")
+    exec(steps, {"SchedulerMachine": SchedulerMachine, "Strategy": Strategy})  # our own recorded steps
+
+
+def test_there_are_cases() -> None:
+    assert CASES
