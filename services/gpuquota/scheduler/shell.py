@@ -163,6 +163,7 @@ class SchedulerShell:
         self._batching = group_commit
         self._queued: list[tuple[SchedulerInput, Answer]] = []
         self._drainer: asyncio.Task[None] | None = None
+        self._arrival: asyncio.Future[None] | None = None
         self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
         self.failure: BaseException | None = None
         self._failed = asyncio.Event()
@@ -200,6 +201,9 @@ class SchedulerShell:
                 return await self._handle_one(message)
         answer: Answer = asyncio.get_running_loop().create_future()
         self._queued.append((message, answer))
+        arrival = self._arrival
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)  # the drain task waits for inputs beside an append in flight
         if self._drainer is None:
             self._drainer = asyncio.create_task(self._drain(), name="shell-batches")
         return await answer
@@ -238,6 +242,8 @@ class SchedulerShell:
                         batch = []
                         if decided is not None:
                             flight.append(decided)
+                    elif self._may_gather(flight):
+                        await self._first_of(flight[0].append, self._arrival_or_new())
                     else:
                         await self._settle(flight.popleft(), flight)
                 except Exception as exc:  # the store failed while folding the log: fail fast
@@ -255,6 +261,22 @@ class SchedulerShell:
             for _, answer in self._queued:
                 answer.cancel()
             self._queued = []
+
+    def _may_gather(self, flight: deque[_Batch]) -> bool:
+        """Whether to wait for the next input too, not only for the oldest append: there is room in
+        flight and that append is still being written."""
+        if self._queued or len(flight) >= PIPELINE_DEPTH:
+            return False
+        append = flight[0].append
+        return append is not None and not append.done()
+
+    def _arrival_or_new(self) -> asyncio.Future[None]:
+        self._arrival = asyncio.get_running_loop().create_future()
+        return self._arrival
+
+    async def _first_of(self, *waits: asyncio.Future[Any] | None) -> None:
+        await asyncio.wait([w for w in waits if w is not None], return_when=asyncio.FIRST_COMPLETED)
+        self._arrival = None
 
     async def _decide_batch(
         self, batch: list[tuple[SchedulerInput, Answer]], flight: deque[_Batch]
