@@ -232,25 +232,26 @@ class SchedulerShell:
         it is being written, and its append names the sequence that one ends at. Batches settle (read
         model, publication, answers) strictly in order, each only once its append committed."""
         flight: deque[_Batch] = deque()
-        batch: list[tuple[SchedulerInput, Answer]] = []
         try:
             while self._queued or flight:
+                if self._may_gather(flight):
+                    await self._first_of(flight[0].append, self._arrival_or_new())
+                    continue
+                batch: list[tuple[SchedulerInput, Answer]] = []
+                in_flight = list(flight)
                 try:
-                    if self._queued and len(flight) < PIPELINE_DEPTH:
-                        batch, self._queued = self._queued, []
-                        decided = await self._decide_batch(batch, flight)
-                        batch = []
-                        if decided is not None:
-                            flight.append(decided)
-                    elif self._may_gather(flight):
-                        await self._first_of(flight[0].append, self._arrival_or_new())
-                    else:
-                        await self._settle(flight.popleft(), flight)
+                    async with self._lock:
+                        if self._queued and len(flight) < PIPELINE_DEPTH:
+                            batch, self._queued = self._queued, []
+                            decided = await self._decide_batch(batch, flight)
+                            if decided is not None:
+                                flight.append(decided)
+                        else:
+                            await self._settle(flight.popleft(), flight)
                 except Exception as exc:  # the store failed while folding the log: fail fast
                     log.exception("the scheduler's batches failed")
                     self._fail(exc)
-                    self._fail_answers(exc, batch, flight)
-                    batch = []
+                    self._fail_answers(exc, batch, in_flight, flight)
         finally:
             self._drainer = None
             for batch in flight:
@@ -263,9 +264,9 @@ class SchedulerShell:
             self._queued = []
 
     def _may_gather(self, flight: deque[_Batch]) -> bool:
-        """Whether to wait for the next input too, not only for the oldest append: there is room in
-        flight and that append is still being written."""
-        if self._queued or len(flight) >= PIPELINE_DEPTH:
+        """Whether to wait for the next input too, not only for the oldest append: nothing is queued,
+        there is room in flight and that append is still being written."""
+        if self._queued or not flight or len(flight) >= PIPELINE_DEPTH:
             return False
         append = flight[0].append
         return append is not None and not append.done()
@@ -283,35 +284,35 @@ class SchedulerShell:
     ) -> _Batch | None:
         """Step ``batch`` on the live state and start its append after the batches in ``flight``."""
         started = time.perf_counter()
-        async with self._lock:
-            if self._stale and not flight:
-                await self._rebuild_state()
-            decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]] = []
-            entries: list[tuple[SchedulerInput, Sequence[SchedulerEvent], None]] = []
-            effects = loop.Effects()
-            before = effects.before
-            self._stale = True  # from the first step until the batch is recorded
-            for index, (message, answer) in enumerate(batch):
-                mark = len(effects.records), len(effects.commands)
-                try:
-                    events = step(self.state, message, before)  # decided and applied: the log is behind
-                except Exception as exc:
-                    answer.set_exception(exc)
-                    del effects.records[mark[0] :], effects.commands[mark[1] :]
-                    if not await self._recover_from_step(decided, flight):
-                        # a batch before this one failed: this one was decided on a wrong state
-                        rest = [(m, a) for m, a, _ in decided] + batch[index + 1 :]
-                        await self._handle_each(rest)
-                        return None
-                    continue
-                decided.append((message, answer, events))
-                if loop.recordable(message, events):
-                    entries.append((message, events, None))
-            append = None
-            if entries:
-                append = asyncio.create_task(self.appender.append_many(self.pool, self.seq, entries))
-                self.seq += len(entries)
-            return _Batch(decided, effects, append, started)
+        if self._stale and not flight:
+            await self._rebuild_state()
+        decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]] = []
+        entries: list[tuple[SchedulerInput, Sequence[SchedulerEvent], None]] = []
+        effects = loop.Effects()
+        before = effects.before
+        self._stale = True  # from the first step until the batch is recorded
+        for index, (message, answer) in enumerate(batch):
+            mark = len(effects.records), len(effects.commands)
+            try:
+                events = step(self.state, message, before)  # decided and applied: the log is behind
+            except Exception as exc:
+                del effects.records[mark[0] :], effects.commands[mark[1] :]
+                recovered = await self._recover_from_step(decided, flight)
+                answer.set_exception(exc)  # after the batches before it were answered
+                if not recovered:
+                    # a batch before this one failed: this one was decided on a wrong state
+                    rest = [(m, a) for m, a, _ in decided] + batch[index + 1 :]
+                    await self._handle_each(rest)
+                    return None
+                continue
+            decided.append((message, answer, events))
+            if loop.recordable(message, events):
+                entries.append((message, events, None))
+        append = None
+        if entries:
+            append = asyncio.create_task(self.appender.append_many(self.pool, self.seq, entries))
+            self.seq += len(entries)
+        return _Batch(decided, effects, append, started)
 
     async def _recover_from_step(
         self, decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]], flight: deque[_Batch]
@@ -332,22 +333,21 @@ class SchedulerShell:
 
     async def _settle(self, batch: _Batch, later: deque[_Batch]) -> bool:
         """Wait for ``batch``'s append, then project, publish and answer it (False: it failed)."""
-        async with self._lock:
-            try:
-                if batch.append is not None:
-                    await batch.append
-            except Exception as exc:
-                log.warning("a batch of %d inputs failed (%r); redone one at a time", len(batch.decided), exc)
-                self._fail_if_fatal(exc)
-                await self._redo_failed(batch, later)
-                return False
-            self._stale = bool(later)
-            for _, _, events in batch.decided:
-                self._project(events)
-            await batch.effects.publish(self.publisher)
-            for _, answer, events in batch.decided:
-                if not answer.done():
-                    answer.set_result(events)
+        try:
+            if batch.append is not None:
+                await batch.append
+        except Exception as exc:
+            log.warning("a batch of %d inputs failed (%r); redone one at a time", len(batch.decided), exc)
+            self._fail_if_fatal(exc)
+            await self._redo_failed(batch, later)
+            return False
+        self._stale = bool(later)
+        for _, _, events in batch.decided:
+            self._project(events)
+        await batch.effects.publish(self.publisher)
+        for _, answer, events in batch.decided:
+            if not answer.done():
+                answer.set_result(events)
         if self.on_step is not None:
             self.on_step(time.perf_counter() - batch.started)
         return True
@@ -373,10 +373,15 @@ class SchedulerShell:
             await self._handle_each(pending)
 
     def _fail_answers(
-        self, exc: Exception, batch: list[tuple[SchedulerInput, Answer]], flight: deque[_Batch]
+        self,
+        exc: Exception,
+        batch: list[tuple[SchedulerInput, Answer]],
+        in_flight: list[_Batch],
+        flight: deque[_Batch],
     ) -> None:
+        """Answer with ``exc`` every input taken from the queue and not answered yet."""
         answers = [answer for _, answer in batch]
-        for pending in flight:
+        for pending in in_flight + list(flight):
             if pending.append is not None:
                 pending.append.cancel()
             answers.extend(answer for _, answer, _ in pending.decided)

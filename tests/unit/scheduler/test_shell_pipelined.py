@@ -130,3 +130,48 @@ async def test_a_first_append_past_its_retries_fails_the_shell_and_the_second_ba
     assert "b0" not in shell.read_model.jobs
     assert fingerprint(shell.state) == await rebuilt(store)
     assert shell.seq == await store.last_seq("default")
+
+
+async def test_an_input_that_fails_in_the_core_beside_a_batch_in_flight_fails_alone(
+    monkeypatch: Any,
+) -> None:
+    """The batch before settles first (its answers stay first), then the state is folded again."""
+    import gpuquota.scheduler.shell as shell_module
+    from gpuquota.core import step as real_step
+
+    store = GatedStore()
+    shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
+    await setup(shell)
+
+    raised: list[str] = []
+
+    def failing_step(state: Any, message: Any, before: Any = None) -> list[ev.SchedulerEvent]:
+        events = real_step(state, message, before)
+        if isinstance(message, inp.SubmitJob) and message.job.job_id == "b1":
+            raised.append(message.job.job_id)
+            raise RuntimeError("a bug in the core")
+        return events
+
+    monkeypatch.setattr(shell_module, "step", failing_step)
+    store.calls.clear()
+    store.gate = asyncio.Event()
+    answered: list[str] = []
+    first = [asyncio.create_task(shell.handle(shell.make(inp.SubmitJob, job=job(f"a{i}")))) for i in range(2)]
+    for index, task in enumerate(first):
+        task.add_done_callback(lambda _, name=f"a{index}": answered.append(name))
+    await eventually(lambda: len(store.calls) == 1)
+    second = [
+        asyncio.create_task(shell.handle(shell.make(inp.SubmitJob, job=job(f"b{i}")))) for i in range(3)
+    ]
+    for index, task in enumerate(second):
+        task.add_done_callback(lambda _, name=f"b{index}": answered.append(name))
+    await eventually(lambda: raised == ["b1"])  # b1 fails in the core while a0, a1 are written
+    assert not any(task.done() for task in first + second)
+    store.gate.set()
+    outcomes = await asyncio.gather(*first, *second, return_exceptions=True)
+
+    assert isinstance(outcomes[3], RuntimeError)
+    assert all(isinstance(outcome, list) and outcome for i, outcome in enumerate(outcomes) if i != 3)
+    assert answered == ["a0", "a1", "b1", "b0", "b2"]
+    assert "b1" not in shell.state.jobs and "b1" not in shell.read_model.jobs
+    assert fingerprint(shell.state) == await rebuilt(store)
