@@ -17,12 +17,20 @@ after another on the live state (the core's decide and evolve in one pass, each 
 predecessors left; node commands come from the state just before each event), appends the batch in one
 transaction, and only then folds the events into the read model, queues the commands and answers the
 callers, in order. While a batch is being written the next one gathers, so a burst of requests costs one
-commit (and one hop to the store's thread) instead of one each. If the append fails the state is ahead
-of the log: the shell rebuilds it from the log and handles the batch's inputs one at a time as above, so
-a duplicate or a store error affects only its own input. An input whose ``step`` raises (a bug in the
-core) may have changed the state half-way: the shell rebuilds the state from the log, re-applies the
-events of the batch's inputs before it and answers it with the error.
-``group_commit=False`` means one input per append.
+commit (and one hop to the store's thread) instead of one each.
+
+Two batches in flight (``PIPELINE_DEPTH``): while one batch is being written the drain task decides the
+next on the state the first left, and starts its append at once; that append names the sequence the
+first ends at, and the store's one thread runs appends in order. Batches settle (read model, commands,
+answers) strictly in log order, each only once its own append committed, so nothing acts on or answers
+an input before it is recorded. If an append fails the state is ahead of the log: the shell waits for
+the appends after it (they fail with ``StaleWriter``: the sequence they name was never reached),
+rebuilds the state from the log and handles the failed batch's inputs, then the later batches', one at
+a time as above, so a duplicate or a store error affects only its own input (when the failure failed
+the shell, the later batches, not recorded, are answered with it). An input whose ``step`` raises (a
+bug in the core) may have changed the state half-way: the shell settles the batch in flight before it,
+rebuilds the state from the log, re-applies the events of the batch's inputs before it and answers it
+with the error. ``group_commit=False`` means one input per append.
 
 Failures follow the loop's one policy: appends are retried while the store is unreachable, for at most
 ``store_retry_seconds``; then, or when a tick fails (a bug in the core or the store), the shell fails:
