@@ -262,10 +262,10 @@ class SchedulerShell:
                     self._fail_answers(exc, batch, in_flight, flight)
         finally:
             self._drainer = None
-            for batch in flight:
-                if batch.append is not None:
-                    batch.append.cancel()
-                for _, answer, _ in batch.decided:
+            for pending in flight:
+                if pending.append is not None:
+                    pending.append.cancel()
+                for _, answer, _ in pending.decided:
                     answer.cancel()
             for _, answer in self._queued:
                 answer.cancel()
