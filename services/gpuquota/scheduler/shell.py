@@ -17,12 +17,20 @@ after another on the live state (the core's decide and evolve in one pass, each 
 predecessors left; node commands come from the state just before each event), appends the batch in one
 transaction, and only then folds the events into the read model, queues the commands and answers the
 callers, in order. While a batch is being written the next one gathers, so a burst of requests costs one
-commit (and one hop to the store's thread) instead of one each. If the append fails the state is ahead
-of the log: the shell rebuilds it from the log and handles the batch's inputs one at a time as above, so
-a duplicate or a store error affects only its own input. An input whose ``step`` raises (a bug in the
-core) may have changed the state half-way: the shell rebuilds the state from the log, re-applies the
-events of the batch's inputs before it and answers it with the error.
-``group_commit=False`` means one input per append.
+commit (and one hop to the store's thread) instead of one each.
+
+Two batches in flight (``PIPELINE_DEPTH``): while one batch is being written the drain task decides the
+next on the state the first left, and starts its append at once; that append names the sequence the
+first ends at, and the store's one thread runs appends in order. Batches settle (read model, commands,
+answers) strictly in log order, each only once its own append committed, so nothing acts on or answers
+an input before it is recorded. If an append fails the state is ahead of the log: the shell waits for
+the appends after it (they fail with ``StaleWriter``: the sequence they name was never reached),
+rebuilds the state from the log and handles the failed batch's inputs, then the later batches', one at
+a time as above, so a duplicate or a store error affects only its own input (when the failure failed
+the shell, the later batches, not recorded, are answered with it). An input whose ``step`` raises (a
+bug in the core) may have changed the state half-way: the shell settles the batch in flight before it,
+rebuilds the state from the log, re-applies the events of the batch's inputs before it and answers it
+with the error. ``group_commit=False`` means one input per append.
 
 Failures follow the loop's one policy: appends are retried while the store is unreachable, for at most
 ``store_retry_seconds``; then, or when a tick fails (a bug in the core or the store), the shell fails:
@@ -45,7 +53,9 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record
@@ -69,6 +79,20 @@ EventSubscriber = Callable[[SchedulerEvent], Awaitable[None]]
 Answer = asyncio.Future[list[SchedulerEvent]]
 
 __all__ = ["Clock", "LocalPublisher", "SchedulerShell", "wall_clock_ms"]
+
+PIPELINE_DEPTH = 2
+"""Batches in flight at most: one being written while the next is decided (more only queue up
+behind the store's one thread, and make a failure redo more inputs one at a time)."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A batch stepped on the live state, its append (None: nothing to record) possibly in flight."""
+
+    decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]]
+    effects: loop.Effects
+    append: asyncio.Task[int] | None
+    started: float
 
 
 class LocalPublisher:
@@ -147,6 +171,7 @@ class SchedulerShell:
         self._batching = group_commit
         self._queued: list[tuple[SchedulerInput, Answer]] = []
         self._drainer: asyncio.Task[None] | None = None
+        self._arrival: asyncio.Future[None] | None = None
         self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
         self.failure: BaseException | None = None
         self._failed = asyncio.Event()
@@ -184,6 +209,9 @@ class SchedulerShell:
                 return await self._handle_one(message)
         answer: Answer = asyncio.get_running_loop().create_future()
         self._queued.append((message, answer))
+        arrival = self._arrival
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)  # the drain task waits for inputs beside an append in flight
         if self._drainer is None:
             self._drainer = asyncio.create_task(self._drain(), name="shell-batches")
         return await answer
@@ -206,81 +234,185 @@ class SchedulerShell:
         return events
 
     async def _drain(self) -> None:
-        """Handle queued inputs batch by batch until none is left (the one task doing so)."""
+        """Handle queued inputs batch by batch until none is left (the one task doing so).
+
+        Up to ``PIPELINE_DEPTH`` batches are in flight: the next batch is decided while the one before
+        it is being written, and its append names the sequence that one ends at. Batches settle (read
+        model, publication, answers) strictly in order, each only once its append committed."""
+        flight: deque[_Batch] = deque()
         try:
-            while self._queued:
-                batch, self._queued = self._queued, []
-                started = time.perf_counter()
+            while self._queued or flight:
+                if self._may_gather(flight):
+                    await self._first_of(flight[0].append, self._arrival_or_new())
+                    continue
+                batch: list[tuple[SchedulerInput, Answer]] = []
+                in_flight = list(flight)
                 try:
                     async with self._lock:
-                        await self._handle_batch(batch)
-                    if self.on_step is not None:
-                        self.on_step(time.perf_counter() - started)
-                except Exception as exc:
-                    log.exception("a batch of %d inputs failed", len(batch))
-                    self._fail_if_fatal(exc)
-                    for _, answer in batch:
-                        if not answer.done():
-                            answer.set_exception(exc)
-                finally:
-                    for _, answer in batch:  # only when cancelled (``stop``)
-                        answer.cancel()
+                        if self._queued and len(flight) < PIPELINE_DEPTH:
+                            batch, self._queued = self._queued, []
+                            decided = await self._decide_batch(batch, flight)
+                            if decided is not None:
+                                flight.append(decided)
+                        else:
+                            await self._settle(flight.popleft(), flight)
+                except Exception as exc:  # the store failed while folding the log: fail fast
+                    log.exception("the scheduler's batches failed")
+                    self._fail(exc)
+                    self._fail_answers(exc, batch, in_flight, flight)
         finally:
             self._drainer = None
+            for pending in flight:
+                if pending.append is not None:
+                    pending.append.cancel()
+                for _, answer, _ in pending.decided:
+                    answer.cancel()
             for _, answer in self._queued:
                 answer.cancel()
             self._queued = []
 
-    async def _handle_batch(self, batch: list[tuple[SchedulerInput, Answer]]) -> None:
-        if self._stale:
+    def _may_gather(self, flight: deque[_Batch]) -> bool:
+        """Whether to wait for the next input too, not only for the oldest append: nothing is queued,
+        there is room in flight and that append is still being written."""
+        if self._queued or not flight or len(flight) >= PIPELINE_DEPTH:
+            return False
+        append = flight[0].append
+        return append is not None and not append.done()
+
+    def _arrival_or_new(self) -> asyncio.Future[None]:
+        self._arrival = asyncio.get_running_loop().create_future()
+        return self._arrival
+
+    async def _first_of(self, *waits: asyncio.Future[Any] | None) -> None:
+        await asyncio.wait([w for w in waits if w is not None], return_when=asyncio.FIRST_COMPLETED)
+        self._arrival = None
+
+    async def _decide_batch(
+        self, batch: list[tuple[SchedulerInput, Answer]], flight: deque[_Batch]
+    ) -> _Batch | None:
+        """Step ``batch`` on the live state and start its append after the batches in ``flight``."""
+        started = time.perf_counter()
+        if self._stale and not flight:
             await self._rebuild_state()
         decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]] = []
         entries: list[tuple[SchedulerInput, Sequence[SchedulerEvent], None]] = []
         effects = loop.Effects()
         before = effects.before
         self._stale = True  # from the first step until the batch is recorded
-        for message, answer in batch:
+        for index, (message, answer) in enumerate(batch):
             mark = len(effects.records), len(effects.commands)
             try:
                 events = step(self.state, message, before)  # decided and applied: the log is behind
             except Exception as exc:
-                # step may have applied part of the input's events: back to the log, then the batch so far
-                answer.set_exception(exc)
                 del effects.records[mark[0] :], effects.commands[mark[1] :]
-                await self._rebuild_state()
-                self._stale = True
-                for _, _, done in decided:
-                    for event in done:
-                        evolve(self.state, event)
+                recovered = await self._recover_from_step(decided, flight)
+                answer.set_exception(exc)  # after the batches before it were answered
+                if not recovered:
+                    # a batch before this one failed: this one was decided on a wrong state
+                    rest = [(m, a) for m, a, _ in decided] + batch[index + 1 :]
+                    await self._handle_each(rest)
+                    return None
                 continue
             decided.append((message, answer, events))
             if loop.recordable(message, events):
                 entries.append((message, events, None))
+        append = None
+        if entries:
+            append = asyncio.create_task(self.appender.append_many(self.pool, self.seq, entries))
+            self.seq += len(entries)
+        return _Batch(decided, effects, append, started)
+
+    async def _recover_from_step(
+        self, decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]], flight: deque[_Batch]
+    ) -> bool:
+        """After a ``step`` that raised (it may have applied part of its events): settle the batches
+        in flight, fold the log again and re-apply ``decided``; False if one in flight failed."""
+        failed = False
+        while flight:
+            failed = not await self._settle(flight.popleft(), flight) or failed
+        if failed:
+            return False
+        await self._rebuild_state()
+        self._stale = True
+        for _, _, done in decided:
+            for event in done:
+                evolve(self.state, event)
+        return True
+
+    async def _settle(self, batch: _Batch, later: deque[_Batch]) -> bool:
+        """Wait for ``batch``'s append, then project, publish and answer it (False: it failed)."""
         try:
-            if entries:
-                self.seq = await self.appender.append_many(self.pool, self.seq, entries)
+            if batch.append is not None:
+                await batch.append
         except Exception as exc:
+            log.warning("a batch of %d inputs failed (%r); redone one at a time", len(batch.decided), exc)
             self._fail_if_fatal(exc)
-            # The state is ahead of the log: rebuild it, then one input at a time as without batches.
-            await self._rebuild_state()
-            for message, answer, _ in decided:
-                try:
-                    result = await self._handle_one(message)
-                except Exception as exc:
-                    self._fail_if_fatal(exc)
-                    if not answer.done():
-                        answer.set_exception(exc)
-                else:
-                    if not answer.done():
-                        answer.set_result(result)
-            return
-        self._stale = False
-        for _, _, events in decided:
+            await self._redo_failed(batch, later)
+            return False
+        self._stale = bool(later)
+        for _, _, events in batch.decided:
             self._project(events)
-        await effects.publish(self.publisher)
-        for _, answer, events in decided:
+        await batch.effects.publish(self.publisher)
+        for _, answer, events in batch.decided:
             if not answer.done():
                 answer.set_result(events)
+        if self.on_step is not None:
+            self.on_step(time.perf_counter() - batch.started)
+        return True
+
+    async def _redo_failed(self, failed: _Batch, later: deque[_Batch]) -> None:
+        """``failed``'s append did not commit, so those after it fail too (``StaleWriter``: they name
+        the sequence it ends at): fold the log again and handle their inputs one at a time, in order."""
+        after = list(later)
+        later.clear()
+        outcomes = await asyncio.gather(
+            *(batch.append for batch in after if batch.append is not None), return_exceptions=True
+        )
+        if any(not isinstance(outcome, BaseException) for outcome in outcomes):
+            self._fail(loop.LoopFailed("an append committed after one before it had failed"))
+        await self._rebuild_state()
+        for batch in [failed, *after]:
+            pending = [(message, answer) for message, answer, _ in batch.decided]
+            if self.failure is not None and batch is not failed:
+                for _, answer in pending:  # fail fast: not recorded, and the shell takes no more
+                    if not answer.done():
+                        answer.set_exception(loop.LoopFailed(f"the scheduler failed: {self.failure!r}"))
+                continue
+            await self._handle_each(pending)
+
+    def _fail_answers(
+        self,
+        exc: Exception,
+        batch: list[tuple[SchedulerInput, Answer]],
+        in_flight: list[_Batch],
+        flight: deque[_Batch],
+    ) -> None:
+        """Answer with ``exc`` every input taken from the queue and not answered yet."""
+        answers = [answer for _, answer in batch]
+        for pending in in_flight + list(flight):
+            if pending.append is not None:
+                pending.append.cancel()
+            answers.extend(answer for _, answer, _ in pending.decided)
+        flight.clear()
+        self._stale = True
+        for answer in answers:
+            if not answer.done():
+                answer.set_exception(exc)
+
+    async def _handle_each(self, pending: list[tuple[SchedulerInput, Answer]]) -> None:
+        """Handle ``pending`` one input at a time, as without batches (after a failure)."""
+        for message, answer in pending:
+            if answer.done():
+                continue
+            try:
+                result = await self._handle_one(message)
+            except Exception as exc:
+                self._fail_if_fatal(exc)
+                if not answer.done():
+                    answer.set_exception(exc)
+            else:
+                if not answer.done():
+                    answer.set_result(result)
 
     async def _rebuild_state(self) -> None:
         """Fold the pool's log into a new ``ClusterState`` (the read model is left as it is)."""
