@@ -64,7 +64,7 @@ class Driver:
     state: ClusterState = field(default_factory=lambda: ClusterState(heartbeat_timeout_ms=600_000))
     now: int = 1_700_000_000_000
     serial: int = 0
-    dispatched: dict[str, tuple[str, str]] = field(default_factory=dict)
+    dispatched: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
     """job id -> (attempt id, first node id) of dispatched jobs."""
     dispatched_ids: list[str] = field(default_factory=list)
     stopping: set[str] = field(default_factory=set)
@@ -83,7 +83,7 @@ class Driver:
         name = type(event).__name__
         self.counts[name] = self.counts.get(name, 0) + 1
         if isinstance(event, ev.JobDispatched):
-            self.dispatched[event.job_id] = (event.attempt_id, event.placements[0].node_id)
+            self.dispatched[event.job_id] = (event.attempt_id, [p.node_id for p in event.placements])
             self.dispatched_ids.append(event.job_id)
         elif isinstance(event, ev.JobPreempted | ev.JobStopRequested):
             self.stopping.add(event.job_id)
@@ -159,7 +159,9 @@ def next_input(driver: Driver, serial: int) -> Any:
 
 
 def report(driver: Driver, job_id: str, status: str) -> Any:
-    attempt_id, node_id = driver.dispatched[job_id]
+    """One node's final report; an attempt spread over several nodes ends with its last node's (I6)."""
+    attempt_id, nodes = driver.dispatched[job_id]
+    node_id = nodes.pop() if len(nodes) > 1 else nodes[0]
     return driver.message(
         inp.AttemptReport, node_id=node_id, job_id=job_id, attempt_id=attempt_id, status=status
     )
