@@ -457,8 +457,9 @@ class NodeAgent:
             while self._outbox:
                 self._sending = True
                 try:
-                    await self._saver.before_send()
-                    failure = await self._send_head()
+                    head = head_batch(self._outbox) if self._send_many else [self._outbox[0]]
+                    await self._saver.before_send()  # covers the head: reports queued meanwhile wait
+                    failure = await self._send_head(head)
                 finally:
                     self._sending = False
                 if failure is not None:
@@ -470,9 +471,8 @@ class NodeAgent:
                     continue
                 delay = self._retry
 
-    async def _send_head(self) -> BaseException | None:
+    async def _send_head(self, head: list[SchedulerInput]) -> BaseException | None:
         """Sends the outbox's head (a batch with ``send_many``); returns the first failure (sent again)."""
-        head = head_batch(self._outbox) if self._send_many else [self._outbox[0]]
         try:
             failures = await self._send_many(head) if self._send_many else (await self._send(head[0]),)
         except asyncio.CancelledError:

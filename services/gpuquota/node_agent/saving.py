@@ -83,8 +83,9 @@ class StateSaver:
             self._timer = asyncio.get_running_loop().call_later(self.delay, self._timed)
 
     async def before_send(self) -> None:
-        """The sender is about to send: a change marked ``before_send`` is written first."""
-        if self._before_send:
+        """The sender is about to send: a change marked ``before_send`` is written first, and a write
+        under way (which may hold such a change) has finished."""
+        if self._before_send or self._lock.locked():
             await self._write(only_if_dirty=True)
 
     async def durable(self) -> None:
