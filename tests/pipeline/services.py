@@ -8,6 +8,16 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
+
+import boto3
+
+
+def batch_client(url: str) -> Any:
+    """A boto3 Batch client of the gateway at ``url`` (authentication off: any keys)."""
+    return boto3.client(
+        "batch", endpoint_url=url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import pytest_asyncio
 
@@ -22,6 +21,7 @@ from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, RunAttempt
 from tests.gateway.helpers import G5, payload, status, submit, worked_example
 from tests.pipeline.conftest import TopicReader, wait_until
+from tests.pipeline.services import batch_client
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +49,6 @@ async def stack(
         yield made
     finally:
         await made.stop()
-
-
-def batch_client(url: str) -> Any:
-    return boto3.client(
-        "batch", endpoint_url=url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
-    )
 
 
 async def test_submit_to_succeeded_over_kafka(stack: DistributedStack, reader: Any) -> None:

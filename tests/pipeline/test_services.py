@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import boto3
 import pytest
 
 from gpuquota.adapters.kafka import KafkaTopics
 from tests.gateway.helpers import payload, status, submit, worked_example
 from tests.pipeline.conftest import wait_until
-from tests.pipeline.services import ServiceProcess, Services, free_port
+from tests.pipeline.services import ServiceProcess, Services, batch_client, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -21,13 +20,7 @@ async def test_three_services_run_a_job_to_success(services: Services, run_id: s
     port = free_port()
     running = [services.scheduler(), services.gateway(port), services.node_agent(f"node-{run_id}")]
     await asyncio.gather(*(service.start() for service in running))
-    batch = boto3.client(
-        "batch",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        aws_access_key_id="x",
-        aws_secret_access_key="y",
-    )
+    batch = batch_client(f"http://127.0.0.1:{port}")
     await asyncio.to_thread(worked_example, batch)
     sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
     job_id = await asyncio.to_thread(submit, batch, "train", "QS2", serviceRequestPayload=sim)
@@ -56,13 +49,7 @@ async def test_gpuquota_up_distributed_mode(
     try:
         await up.start()
         assert up.ready_line == f"gpuquota ready on http://127.0.0.1:{port}"
-        batch = boto3.client(
-            "batch",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="y",
-        )
+        batch = batch_client(f"http://127.0.0.1:{port}")
         await asyncio.to_thread(worked_example, batch)
         sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
         job_id = await asyncio.to_thread(submit, batch, "train", "QS1", serviceRequestPayload=sim)
