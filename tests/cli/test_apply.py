@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuquota.ctl.apply import parse
+from gpuquota.ctl.apply_doc import parse
 from gpuquota.ctl.demo_scenario import WORKED_EXAMPLE
 from tests.cli.conftest import Cli
 from tests.gateway.conftest import StackThread

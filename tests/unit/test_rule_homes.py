@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gpuquota.ctl.apply import ShareDoc
+from gpuquota.ctl.apply_doc import ShareDoc
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.wire.base import (

@@ -1,18 +1,9 @@
-"""``gpuquota apply -f FILE.yaml``: declarative setup of scheduling policy, service environment, job queue
-and quota shares.
+"""``gpuquota apply -f FILE.yaml``: creates or updates the resources the file describes.
 
-The file (see ``deploy/examples/worked-example.yaml``) has up to four sections, each optional::
-
-    schedulingPolicy:   {name, idleResourceAssignmentStrategy: FIFO, tags}
-    serviceEnvironment: {name, state, capacityLimits: {UNIT: N}, tags}
-    jobQueue:           {name, priority, state, schedulingPolicy, serviceEnvironment, tags}
-    quotaShares:        [{name, jobQueue, capacityLimits: {UNIT: N}, strategy, borrowLimit,
-                          inSharePreemption, state, tags}, ...]
-
-A job queue's policy and environment default to the file's; a share's job queue defaults to the file's.
-Each resource is created when missing and updated (only what differs) when present; resources that
-the file does not mention are left alone. ``tags``, when given, become the resource's exact tags.
-Everything goes through the AWS Batch API (boto3), so ``apply`` works against any gpuquota gateway.
+The document and its validation are in ``gpuquota.ctl.apply_doc``. Each resource is created when
+missing and updated (only what differs) when present; resources that the file does not mention are
+left alone. ``tags``, when given, become the resource's exact tags. Everything goes through the AWS
+Batch API (boto3), so ``apply`` works against any gpuquota gateway.
 """
 
 from __future__ import annotations
@@ -20,194 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any, Literal
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from typing import Any
 
 from gpuquota.ctl.api import Api, CliError, poll
-from gpuquota.wire.base import CapacityLimit, QueuePriority, QuotaShareSpec
+from gpuquota.ctl.apply_doc import ApplyDoc, EnvironmentDoc, PolicyDoc, QueueDoc, ShareDoc
 
-State = Literal["ENABLED", "DISABLED"]
 READY_TIMEOUT = 15.0
 PENDING = ("CREATING", "UPDATING")
-
-
-def _on_off(value: Any) -> Any:
-    if isinstance(value, bool):
-        return "ENABLED" if value else "DISABLED"
-    return value
-
-
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
-
-
-class PolicyDoc(_Doc):
-    name: str = Field(min_length=1, max_length=128)
-    idleResourceAssignmentStrategy: Literal["FIFO"] = "FIFO"
-    tags: dict[str, str] | None = None
-
-
-class EnvironmentDoc(_Doc):
-    name: str = Field(min_length=1, max_length=128)
-    state: State = "ENABLED"
-    capacityLimits: dict[str, Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    tags: dict[str, str] | None = None
-
-    _state = field_validator("state", mode="before")(_on_off)
-
-
-class QueueDoc(_Doc):
-    name: str = Field(min_length=1, max_length=128)
-    priority: QueuePriority = 1
-    state: State = "ENABLED"
-    schedulingPolicy: str | None = None
-    serviceEnvironment: str | None = None
-    tags: dict[str, str] | None = None
-
-    _state = field_validator("state", mode="before")(_on_off)
-
-
-class ShareDoc(_Doc):
-    name: str = Field(min_length=1, max_length=128)
-    jobQueue: str | None = None
-    capacityLimits: dict[str, int] = Field(min_length=1, max_length=5)
-    strategy: Literal["RESERVE", "LEND", "LEND_AND_BORROW"]
-    borrowLimit: int | None = Field(default=None, ge=-1)
-    inSharePreemption: State = "DISABLED"
-    state: State = "ENABLED"
-    tags: dict[str, str] | None = None
-
-    _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
-
-    def spec(self, queue: str) -> QuotaShareSpec:
-        """The wire spec this document asks for (its validation is the quota share's rules)."""
-        return QuotaShareSpec(
-            name=self.name,
-            job_queue=queue,
-            capacity_limits=tuple(
-                CapacityLimit(unit=u, max_capacity=n) for u, n in self.capacityLimits.items()
-            ),
-            strategy=self.strategy,
-            borrow_limit=-1 if self.borrowLimit is None else self.borrowLimit,
-            in_share_preemption=self.inSharePreemption == "ENABLED",
-            state=self.state,
-            tags=self.tags or {},
-        )
-
-
-def _capacity(limits: dict[str, int]) -> tuple[CapacityLimit, ...]:
-    return tuple(CapacityLimit(unit=unit, max_capacity=count) for unit, count in limits.items())
-
-
-class ApplyDoc(_Doc):
-    schedulingPolicy: PolicyDoc | None = None
-    serviceEnvironment: EnvironmentDoc | None = None
-    jobQueue: QueueDoc | None = None
-    quotaShares: list[ShareDoc] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _references(self) -> ApplyDoc:
-        if self.jobQueue is not None:
-            if self.jobQueue.schedulingPolicy is None and self.schedulingPolicy is None:
-                raise ValueError(
-                    "jobQueue.schedulingPolicy is required when the file has no schedulingPolicy"
-                )
-            if self.jobQueue.serviceEnvironment is None and self.serviceEnvironment is None:
-                raise ValueError(
-                    "jobQueue.serviceEnvironment is required when the file has no serviceEnvironment"
-                )
-        seen: set[tuple[str, str]] = set()
-        for i, share in enumerate(self.quotaShares):
-            queue = share.jobQueue or (self.jobQueue.name if self.jobQueue else None)
-            if queue is None:
-                raise ValueError(f"quotaShares[{i}].jobQueue is required when the file has no jobQueue")
-            if (queue, share.name) in seen:
-                raise ValueError(f"quotaShares[{i}]: quota share {share.name} is listed twice")
-            seen.add((queue, share.name))
-            try:
-                share.spec(queue)
-            except ValidationError as exc:
-                raise ValueError(f"quotaShares[{i}]: {exc.errors()[0]['msg']}") from None
-        return self
-
-    def policy_of(self, queue: QueueDoc) -> str:
-        name = queue.schedulingPolicy or (self.schedulingPolicy.name if self.schedulingPolicy else None)
-        assert name is not None
-        return name
-
-    def environment_of(self, queue: QueueDoc) -> str:
-        name = queue.serviceEnvironment or (self.serviceEnvironment.name if self.serviceEnvironment else None)
-        assert name is not None
-        return name
-
-    def queue_of(self, share: ShareDoc) -> str:
-        name = share.jobQueue or (self.jobQueue.name if self.jobQueue else None)
-        assert name is not None
-        return name
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def parse(data: Any, source: str = "the file") -> ApplyDoc:
-    """Validate a loaded document; raise ``CliError`` naming the first problem."""
-    if data is None:
-        raise CliError(f"{source}: the file is empty")
-    if not isinstance(data, dict):
-        raise CliError(f"{source}: expected a mapping with schedulingPolicy, serviceEnvironment, ...")
-    try:
-        return ApplyDoc.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = _where(tuple(error["loc"]))
-        if error["type"] == "extra_forbidden":
-            allowed = ", ".join(_section(tuple(error["loc"])).model_fields)
-            return _raise(f"{source}: unknown key {where} (expected one of: {allowed})")
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "missing":
-            return _raise(f"{source}: missing required key {where}")
-        return _raise(f"{source}: {where}: {message}" if where else f"{source}: {message}")
-
-
-def _section(loc: tuple[int | str, ...]) -> type[BaseModel]:
-    """The model that an ``extra_forbidden`` error at ``loc`` is about."""
-    sections: dict[int | str, type[BaseModel]] = {
-        "schedulingPolicy": PolicyDoc,
-        "serviceEnvironment": EnvironmentDoc,
-        "jobQueue": QueueDoc,
-        "quotaShares": ShareDoc,
-    }
-    return sections.get(loc[0], ApplyDoc) if len(loc) > 1 else ApplyDoc
-
-
-def _raise(message: str) -> ApplyDoc:
-    raise CliError(message)
-
-
-def load(path: str | Path) -> ApplyDoc:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise CliError(f"{path}: invalid YAML{at}: {problem}") from None
-    return parse(data, str(path))
-
-
-# ----- applying ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -321,19 +131,54 @@ class Applier:
         if result[0] != "VALID":
             raise CliError(f"{what} is {result[0]}")
 
+    def _create(
+        self,
+        kind: str,
+        name: str,
+        operation: str,
+        describe: Callable[[dict[str, Any]], dict[str, Any] | None] | None,
+        tags: dict[str, str] | None,
+        /,
+        **fields: Any,
+    ) -> None:
+        """Create a resource (not in a dry run), wait until ``describe(created)`` says it is valid
+        (when given), and record the creation."""
+        if not self.dry_run:
+            created = self.api.call(operation, **fields, **({"tags": tags} if tags else {}))
+            if describe is not None:
+                self._wait_valid(lambda: _status(describe(created)), f"{kind} {name}")
+        self._record(kind, name, [], created=True)
+
+    def _update(
+        self,
+        kind: str,
+        name: str,
+        operation: str,
+        describe: Callable[[], dict[str, Any] | None],
+        update: dict[str, Any],
+        /,
+        **identity: Any,
+    ) -> None:
+        """Send ``update`` (if any, not in a dry run) and wait until the resource is valid again."""
+        if update and not self.dry_run:
+            self.api.call(operation, **identity, **update)
+            self._wait_valid(lambda: _status(describe()), f"{kind} {name}")
+
     # ----- resources -------------------------------------------------------------------------
 
     def policy(self, doc: PolicyDoc) -> None:
         found = self.api.call("describe_scheduling_policies", arns=[doc.name])["schedulingPolicies"]
         if not found:
-            if not self.dry_run:
-                self.api.call(
-                    "create_scheduling_policy",
-                    name=doc.name,
-                    quotaSharePolicy={"idleResourceAssignmentStrategy": doc.idleResourceAssignmentStrategy},
-                    **({"tags": doc.tags} if doc.tags else {}),
-                )
-            self._record("scheduling policy", doc.name, [], created=True)
+            strategy = {"idleResourceAssignmentStrategy": doc.idleResourceAssignmentStrategy}
+            self._create(
+                "scheduling policy",
+                doc.name,
+                "create_scheduling_policy",
+                None,
+                doc.tags,
+                name=doc.name,
+                quotaSharePolicy=strategy,
+            )
             return
         current = found[0]
         if "quotaSharePolicy" not in current:
@@ -353,29 +198,31 @@ class Applier:
 
     def environment(self, doc: EnvironmentDoc) -> None:
         current = self._describe_environment(doc.name)
+        kind = "service environment"
         if current is None:
-            if not self.dry_run:
-                self.api.call(
-                    "create_service_environment",
-                    serviceEnvironmentName=doc.name,
-                    serviceEnvironmentType="SAGEMAKER_TRAINING",
-                    state=doc.state,
-                    capacityLimits=_limits(doc.capacityLimits),
-                    **({"tags": doc.tags} if doc.tags else {}),
-                )
-                self._wait_valid(
-                    lambda: _status(self._describe_environment(doc.name)), f"service environment {doc.name}"
-                )
-            self._record("service environment", doc.name, [], created=True)
+            self._create(
+                kind,
+                doc.name,
+                "create_service_environment",
+                lambda _: self._describe_environment(doc.name),
+                doc.tags,
+                serviceEnvironmentName=doc.name,
+                serviceEnvironmentType="SAGEMAKER_TRAINING",
+                state=doc.state,
+                capacityLimits=_limits(doc.capacityLimits),
+            )
             return
         update: dict[str, Any] = {}
         details = _state_change(current, doc.state, update)
         details += _limit_changes(current, doc.capacityLimits, update)
-        if update and not self.dry_run:
-            self.api.call("update_service_environment", serviceEnvironment=doc.name, **update)
-            self._wait_valid(
-                lambda: _status(self._describe_environment(doc.name)), f"service environment {doc.name}"
-            )
+        self._update(
+            kind,
+            doc.name,
+            "update_service_environment",
+            lambda: self._describe_environment(doc.name),
+            update,
+            serviceEnvironment=doc.name,
+        )
         details += self._tags(current["serviceEnvironmentArn"], current.get("tags", {}), doc.tags)
         self._record("service environment", doc.name, details)
 
@@ -386,19 +233,19 @@ class Applier:
         current = self._describe_queue(doc.name)
         order = [{"order": 1, "serviceEnvironment": environment}]
         if current is None:
-            if not self.dry_run:
-                self.api.call(
-                    "create_job_queue",
-                    jobQueueName=doc.name,
-                    jobQueueType="SAGEMAKER_TRAINING",
-                    state=doc.state,
-                    priority=doc.priority,
-                    schedulingPolicyArn=policy,
-                    serviceEnvironmentOrder=order,
-                    **({"tags": doc.tags} if doc.tags else {}),
-                )
-                self._wait_valid(lambda: _status(self._describe_queue(doc.name)), f"job queue {doc.name}")
-            self._record("job queue", doc.name, [], created=True)
+            self._create(
+                "job queue",
+                doc.name,
+                "create_job_queue",
+                lambda _: self._describe_queue(doc.name),
+                doc.tags,
+                jobQueueName=doc.name,
+                jobQueueType="SAGEMAKER_TRAINING",
+                state=doc.state,
+                priority=doc.priority,
+                schedulingPolicyArn=policy,
+                serviceEnvironmentOrder=order,
+            )
             return
         update: dict[str, Any] = {}
         details = _state_change(current, doc.state, update)
@@ -414,9 +261,14 @@ class Applier:
         if current_env != environment:
             update["serviceEnvironmentOrder"] = order
             details.append(f"serviceEnvironment: {current_env} -> {environment}")
-        if update and not self.dry_run:
-            self.api.call("update_job_queue", jobQueue=doc.name, **update)
-            self._wait_valid(lambda: _status(self._describe_queue(doc.name)), f"job queue {doc.name}")
+        self._update(
+            "job queue",
+            doc.name,
+            "update_job_queue",
+            lambda: self._describe_queue(doc.name),
+            update,
+            jobQueue=doc.name,
+        )
         details += self._tags(current["jobQueueArn"], current.get("tags", {}), doc.tags)
         self._record("job queue", doc.name, details)
 
@@ -444,20 +296,19 @@ class Applier:
             sharing["borrowLimit"] = -1 if doc.borrowLimit is None else doc.borrowLimit
         preemption = {"inSharePreemption": doc.inSharePreemption}
         if current is None:
-            if not self.dry_run:
-                created = self.api.call(
-                    "create_quota_share",
-                    quotaShareName=doc.name,
-                    jobQueue=queue,
-                    capacityLimits=_limits(doc.capacityLimits),
-                    resourceSharingConfiguration=sharing,
-                    preemptionConfiguration=preemption,
-                    state=doc.state,
-                    **({"tags": doc.tags} if doc.tags else {}),
-                )
-                arn = str(created["quotaShareArn"])
-                self._wait_valid(lambda: _status(self._describe_share(arn)), f"quota share {label}")
-            self._record("quota share", label, [], created=True)
+            self._create(
+                "quota share",
+                label,
+                "create_quota_share",
+                lambda created: self._describe_share(str(created["quotaShareArn"])),
+                doc.tags,
+                quotaShareName=doc.name,
+                jobQueue=queue,
+                capacityLimits=_limits(doc.capacityLimits),
+                resourceSharingConfiguration=sharing,
+                preemptionConfiguration=preemption,
+                state=doc.state,
+            )
             return
         arn = str(current["quotaShareArn"])
         update: dict[str, Any] = {}
@@ -473,9 +324,14 @@ class Applier:
             update["preemptionConfiguration"] = preemption
             details.append(f"inSharePreemption: {current_in_share} -> {doc.inSharePreemption}")
         details += _state_change(current, doc.state, update)
-        if update and not self.dry_run:
-            self.api.call("update_quota_share", quotaShareArn=arn, **update)
-            self._wait_valid(lambda: _status(self._describe_share(arn)), f"quota share {label}")
+        self._update(
+            "quota share",
+            label,
+            "update_quota_share",
+            lambda: self._describe_share(arn),
+            update,
+            quotaShareArn=arn,
+        )
         if doc.tags is not None:
             described = self._describe_share(arn) or {}
             details += self._tags(arn, described.get("tags", {}), doc.tags)

@@ -89,7 +89,8 @@ def configure_apply(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_command(api: Api, args: argparse.Namespace, style: Style) -> int:
-    from gpuquota.ctl.apply import apply, load
+    from gpuquota.ctl.apply import apply
+    from gpuquota.ctl.apply_doc import load
 
     doc = load(args.file)
     changes = apply(api, doc, dry_run=args.dry_run)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota.ctl.api import CliError
-from gpuquota.ctl.apply import ApplyDoc, load
+from gpuquota.ctl.apply_doc import ApplyDoc, load
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
     CapacityLimit,

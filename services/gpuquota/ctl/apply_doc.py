@@ -1,0 +1,201 @@
+"""The ``gpuquota apply -f FILE.yaml`` document: its sections, validated as pydantic models.
+
+The file (see ``deploy/examples/worked-example.yaml``) has up to four sections, each optional::
+
+    schedulingPolicy:   {name, idleResourceAssignmentStrategy: FIFO, tags}
+    serviceEnvironment: {name, state, capacityLimits: {UNIT: N}, tags}
+    jobQueue:           {name, priority, state, schedulingPolicy, serviceEnvironment, tags}
+    quotaShares:        [{name, jobQueue, capacityLimits: {UNIT: N}, strategy, borrowLimit,
+                          inSharePreemption, state, tags}, ...]
+
+A job queue's policy and environment default to the file's; a share's job queue defaults to the file's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuquota.ctl.api import CliError
+from gpuquota.wire.base import CapacityLimit, QueuePriority, QuotaShareSpec
+
+State = Literal["ENABLED", "DISABLED"]
+
+
+def _on_off(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "ENABLED" if value else "DISABLED"
+    return value
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class PolicyDoc(_Doc):
+    name: str = Field(min_length=1, max_length=128)
+    idleResourceAssignmentStrategy: Literal["FIFO"] = "FIFO"
+    tags: dict[str, str] | None = None
+
+
+class EnvironmentDoc(_Doc):
+    name: str = Field(min_length=1, max_length=128)
+    state: State = "ENABLED"
+    capacityLimits: dict[str, Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    tags: dict[str, str] | None = None
+
+    _state = field_validator("state", mode="before")(_on_off)
+
+
+class QueueDoc(_Doc):
+    name: str = Field(min_length=1, max_length=128)
+    priority: QueuePriority = 1
+    state: State = "ENABLED"
+    schedulingPolicy: str | None = None
+    serviceEnvironment: str | None = None
+    tags: dict[str, str] | None = None
+
+    _state = field_validator("state", mode="before")(_on_off)
+
+
+class ShareDoc(_Doc):
+    name: str = Field(min_length=1, max_length=128)
+    jobQueue: str | None = None
+    capacityLimits: dict[str, int] = Field(min_length=1, max_length=5)
+    strategy: Literal["RESERVE", "LEND", "LEND_AND_BORROW"]
+    borrowLimit: int | None = Field(default=None, ge=-1)
+    inSharePreemption: State = "DISABLED"
+    state: State = "ENABLED"
+    tags: dict[str, str] | None = None
+
+    _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
+
+    def spec(self, queue: str) -> QuotaShareSpec:
+        """The wire spec this document asks for (its validation is the quota share's rules)."""
+        return QuotaShareSpec(
+            name=self.name,
+            job_queue=queue,
+            capacity_limits=tuple(
+                CapacityLimit(unit=u, max_capacity=n) for u, n in self.capacityLimits.items()
+            ),
+            strategy=self.strategy,
+            borrow_limit=-1 if self.borrowLimit is None else self.borrowLimit,
+            in_share_preemption=self.inSharePreemption == "ENABLED",
+            state=self.state,
+            tags=self.tags or {},
+        )
+
+
+def _capacity(limits: dict[str, int]) -> tuple[CapacityLimit, ...]:
+    return tuple(CapacityLimit(unit=unit, max_capacity=count) for unit, count in limits.items())
+
+
+class ApplyDoc(_Doc):
+    schedulingPolicy: PolicyDoc | None = None
+    serviceEnvironment: EnvironmentDoc | None = None
+    jobQueue: QueueDoc | None = None
+    quotaShares: list[ShareDoc] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references(self) -> ApplyDoc:
+        if self.jobQueue is not None:
+            if self.jobQueue.schedulingPolicy is None and self.schedulingPolicy is None:
+                raise ValueError(
+                    "jobQueue.schedulingPolicy is required when the file has no schedulingPolicy"
+                )
+            if self.jobQueue.serviceEnvironment is None and self.serviceEnvironment is None:
+                raise ValueError(
+                    "jobQueue.serviceEnvironment is required when the file has no serviceEnvironment"
+                )
+        seen: set[tuple[str, str]] = set()
+        for i, share in enumerate(self.quotaShares):
+            queue = share.jobQueue or (self.jobQueue.name if self.jobQueue else None)
+            if queue is None:
+                raise ValueError(f"quotaShares[{i}].jobQueue is required when the file has no jobQueue")
+            if (queue, share.name) in seen:
+                raise ValueError(f"quotaShares[{i}]: quota share {share.name} is listed twice")
+            seen.add((queue, share.name))
+            try:
+                share.spec(queue)
+            except ValidationError as exc:
+                raise ValueError(f"quotaShares[{i}]: {exc.errors()[0]['msg']}") from None
+        return self
+
+    def policy_of(self, queue: QueueDoc) -> str:
+        name = queue.schedulingPolicy or (self.schedulingPolicy.name if self.schedulingPolicy else None)
+        assert name is not None
+        return name
+
+    def environment_of(self, queue: QueueDoc) -> str:
+        name = queue.serviceEnvironment or (self.serviceEnvironment.name if self.serviceEnvironment else None)
+        assert name is not None
+        return name
+
+    def queue_of(self, share: ShareDoc) -> str:
+        name = share.jobQueue or (self.jobQueue.name if self.jobQueue else None)
+        assert name is not None
+        return name
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse(data: Any, source: str = "the file") -> ApplyDoc:
+    """Validate a loaded document; raise ``CliError`` naming the first problem."""
+    if data is None:
+        raise CliError(f"{source}: the file is empty")
+    if not isinstance(data, dict):
+        raise CliError(f"{source}: expected a mapping with schedulingPolicy, serviceEnvironment, ...")
+    try:
+        return ApplyDoc.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = _where(tuple(error["loc"]))
+        if error["type"] == "extra_forbidden":
+            allowed = ", ".join(_section(tuple(error["loc"])).model_fields)
+            return _raise(f"{source}: unknown key {where} (expected one of: {allowed})")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "missing":
+            return _raise(f"{source}: missing required key {where}")
+        return _raise(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+
+def _section(loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The model that an ``extra_forbidden`` error at ``loc`` is about."""
+    sections: dict[int | str, type[BaseModel]] = {
+        "schedulingPolicy": PolicyDoc,
+        "serviceEnvironment": EnvironmentDoc,
+        "jobQueue": QueueDoc,
+        "quotaShares": ShareDoc,
+    }
+    return sections.get(loc[0], ApplyDoc) if len(loc) > 1 else ApplyDoc
+
+
+def _raise(message: str) -> ApplyDoc:
+    raise CliError(message)
+
+
+def load(path: str | Path) -> ApplyDoc:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise CliError(f"{path}: invalid YAML{at}: {problem}") from None
+    return parse(data, str(path))
+
+
+# ----- applying ------------------------------------------------------------------------------------
