@@ -56,7 +56,7 @@ class Run:
     def knows(self, job_id: str) -> bool:
         return (job_id in self.likely or self.done[0]) and (job_id in self.latest or self.done[1])
 
-    def answer(self, job_id: str, applied_now: int) -> dict[str, Any]:
+    def answer(self, job_id: str, applied_now: int, now: int, newer_running: bool = False) -> dict[str, Any]:
         sweeps = sync.Sweeps(
             self.version,
             self.estimated_at,
@@ -66,9 +66,10 @@ class Run:
         )
         found = sweeps.answer(job_id)
         if applied_now != self.applied:
+            age_s = round(max(0, now - self.estimated_at) / 1000, 1)
             found["assumptions"].append(
-                f"estimated from the state {applied_now - self.applied} event(s) ago "
-                "(a newer estimate is running)"
+                f"estimated from the state {applied_now - self.applied} event(s) ago ({age_s} s ago"
+                + ("; a newer estimate is running)" if newer_running else ")")
             )
         return found
 
@@ -109,17 +110,29 @@ class BackgroundEstimator:
         if job_id not in run.waiting:  # submitted after the run's copy: nothing in flight knows it
             return sync.estimate(state, read_model, job_id, now)
         if run.knows(job_id):
-            return run.answer(job_id, state.applied)
+            return run.answer(job_id, state.applied, now)
         finished = self.finished
         if finished is not None and job_id in finished.waiting and finished.knows(job_id):
-            return finished.answer(job_id, state.applied)
+            return finished.answer(job_id, state.applied, now, newer_running=not run.over)
         with self.changed:
             while not run.knows(job_id) and not run.failed:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
                 self.changed.wait(left)
-        return run.answer(job_id, state.applied)
+        return run.answer(job_id, state.applied, now)
+
+    def refresh(self, state: ClusterState, read_model: ReadModel, now: int) -> None:
+        """Keep the sweeps ahead of the questions: start a run of ``state`` when the newest run is of
+        an older version (at most one in flight, resting as after a question). Called periodically on
+        the thread that owns the state (``EstimatingExplainer.keep_ahead``), so that when someone asks,
+        a finished run already knows every job that waited a sweep ago. Only a new version starts a
+        run: an idle pool is not swept again (a question then redoes a run older than ``MAX_AGE_MS``)."""
+        current = self.current
+        if current is not None and not current.failed and current.version == (id(state), state.applied):
+            return
+        if any(len(share.queue) for share in state.shares.values()):
+            self._run_for(state, read_model, now)
 
     def _run_for(self, state: ClusterState, read_model: ReadModel, now: int) -> Run:
         version = (id(state), state.applied)
