@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 REFRESH_S = 0.5
 """How often ``keep_ahead`` looks for a new state version (a look costs microseconds; a new run
 costs a copy of the state, about 0.1 s at 10,000 jobs, on the event loop)."""
-INTEREST_S = 600.0
+INTEREST_S = 300.0
 """How long after the last estimate asked for the sweeps are kept ahead of the questions."""
 
 
