@@ -76,3 +76,36 @@ def test_the_explainer_keeps_the_sweeps_ahead_once_asked() -> None:
         assert explainer.task is None
 
     asyncio.run(scenario())
+
+
+def test_a_failed_run_is_not_retried_at_once(monkeypatch: Any) -> None:
+    """A failing sweep is logged and answered around, but the refresh task does not redo it every
+    half second: the next version waits ``FAILED_REST_S``."""
+    c = cluster(timeout=300)
+    estimator = background.BackgroundEstimator()
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(background.sync, "sweep", broken)
+    estimator.refresh(c.state, c.read_model, 70_000)
+    failed = finished_or_failed(estimator)
+    assert failed.failed
+    estimator.refresh(c.state, c.read_model, 70_500)  # the same version: not again
+    c.submit("r3", 71_000)
+    estimator.refresh(c.state, c.read_model, 71_000)  # a new one: after the rest
+    assert estimator.current is failed
+    found = estimator.estimate(c.state, c.read_model, "r2", 71_000)
+    assert found is not None and found["likelyStartAt"] is None  # "after": no sweep got there
+    monkeypatch.setattr(background, "FAILED_REST_S", 0.0)
+    estimator.refresh(c.state, c.read_model, 71_000)
+    assert estimator.current is not failed
+
+
+def finished_or_failed(estimator: background.BackgroundEstimator) -> background.Run:
+    run = estimator.current
+    assert run is not None
+    with estimator.changed:
+        estimator.changed.wait_for(lambda: run.over, timeout=60)
+    assert run.over
+    return run

@@ -74,9 +74,16 @@ class Run:
         return found
 
 
+FAILED_REST_S = 30.0
+"""After a failed run, the next one waits at least this long (a failure is logged once per run)."""
+
+
 def _resting(run: Run) -> bool:
     """Whether a new run must wait: as long after the last one as that one took."""
-    return run.ended_s is not None and time.perf_counter() - run.ended_s < run.ended_s - run.began_s
+    if run.ended_s is None:
+        return False
+    rest = max(run.ended_s - run.began_s, FAILED_REST_S if run.failed else 0.0)
+    return time.perf_counter() - run.ended_s < rest
 
 
 def _pickled(state: ClusterState) -> bytes:
@@ -129,18 +136,19 @@ class BackgroundEstimator:
         a finished run already knows every job that waited a sweep ago. Only a new version starts a
         run: an idle pool is not swept again (a question then redoes a run older than ``MAX_AGE_MS``)."""
         current = self.current
-        if current is not None and not current.failed and current.version == (id(state), state.applied):
-            return
+        if current is not None and current.version == (id(state), state.applied):
+            return  # swept (or failed: a question retries it, after the rest)
         if any(len(share.queue) for share in state.shares.values()):
             self._run_for(state, read_model, now)
 
     def _run_for(self, state: ClusterState, read_model: ReadModel, now: int) -> Run:
         version = (id(state), state.applied)
         current = self.current
-        if current is not None and not current.failed:
-            if not all(current.done):
+        if current is not None:
+            if not current.over:
                 return current  # one run at a time: it answers, however old
-            if current.version == version and now - current.estimated_at <= sync.MAX_AGE_MS:
+            fresh = now - current.estimated_at <= sync.MAX_AGE_MS
+            if not current.failed and current.version == version and fresh:
                 return current
             if _resting(current):
                 return current  # the thread sweeps at most half the time: the scheduler needs the rest
@@ -176,5 +184,6 @@ class BackgroundEstimator:
         except Exception:
             sync.log.exception("background start estimate failed")
             with self.changed:
+                run.ended_s = time.perf_counter()
                 run.failed = True
                 self.changed.notify_all()
