@@ -8,6 +8,7 @@ import asyncio
 import threading
 from typing import Any
 
+import gpuquota.sim.estimate as estimate_module
 from gpuquota.sim import background
 from gpuquota.sim.estimate import estimating_explainer
 from tests.sim.test_estimate import cluster
@@ -84,13 +85,14 @@ def test_a_failed_run_is_not_retried_at_once(monkeypatch: Any) -> None:
     c = cluster(timeout=300)
     estimator = background.BackgroundEstimator()
 
-    def broken(*_: Any) -> None:
+    def broken(*_: Any, **__: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(background.sync, "sweep", broken)
+    monkeypatch.setattr(estimate_module, "sweep", broken)
     estimator.refresh(c.state, c.read_model, 70_000)
     failed = finished_or_failed(estimator)
-    assert failed.failed
+    assert failed.failed and failed.ended_s is not None
+    failed.began_s = failed.ended_s  # it took no time: only the failure's rest applies
     estimator.refresh(c.state, c.read_model, 70_500)  # the same version: not again
     c.submit("r3", 71_000)
     estimator.refresh(c.state, c.read_model, 71_000)  # a new one: after the rest
