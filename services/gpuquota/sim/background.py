@@ -10,8 +10,10 @@ has reached the job, else after waiting for it at most ``BUDGET_S`` (then "after
 the run has reached, as the synchronous estimate does). At most one run is in flight; a newer state
 version starts a new run once it is done and as long after as it took (so that the thread, which
 shares the interpreter's lock with the scheduler, sweeps at most half the time); meanwhile the
-finished run answers, saying how old it is. The copy is private to the thread: the scheduler's state
-is never touched.
+finished run answers, saying how many events and seconds old it is. ``refresh`` starts a run of a
+new state version without a question (the gateway's explainer calls it twice a second once someone
+has asked: ``gpuquota.sim.explainer``), so that the finished run is seldom more than a sweep old.
+The copy is private to the thread: the scheduler's state is never touched.
 """
 
 from __future__ import annotations
