@@ -10,6 +10,13 @@ whether it found the start within it; if not, ``*_likely_wait_s`` is how far it 
 the deepest job is asked first (its answer waits at most the budget while the sweeps start on a copy
 in a thread); once the sweeps are done, 100 jobs picked evenly over every depth of the share queues;
 ``sample_answered`` counts those with a likely start.
+``kept_*``, ``new_job_*``: what a user of a gateway that keeps its sweeps ahead sees (``EstimatingExplainer
+.keep_ahead``, once an estimate has been asked for): a job ends (a new state version, which starts
+a new run), then the deepest job is asked first: ``kept_first_ms``, ``kept_first_complete`` (a likely
+start and a finished latest sweep, from the newest finished run), ``kept_first_assumed`` (how old it
+says it is). Then a job is submitted at the end of the deepest queue and asked about at once
+(``new_job_ms``, ``new_job_complete``: no finished run knows it yet) and again, as the refresh task
+does, until complete (``new_job_complete_after_s``).
 """
 
 from __future__ import annotations
@@ -143,12 +150,14 @@ def run(queued: int, seed: int, repeat: int) -> dict[str, Any]:
         reached = found["likelyNotBefore"]
         result[f"{label}_finished_in_budget"] = likely is not None
         result[f"{label}_likely_wait_s"] = round(((likely if likely is not None else reached) - now) / 1000)
-    result.update(sampled(cluster, now))
+    estimator, sample = sampled(cluster, now)
+    result.update(sample)
+    result.update(kept_ahead(cluster, estimator, now, random.Random(seed + 1)))
     result["core"] = _native.core_mode()
     return result
 
 
-def sampled(cluster: Cluster, now: int, size: int = SAMPLE) -> dict[str, Any]:
+def sampled(cluster: Cluster, now: int, size: int = SAMPLE) -> tuple[BackgroundEstimator, dict[str, Any]]:
     """Estimates of ``size`` jobs spread over every depth of every share's queue, as the gateway's
     explainer makes them (``BackgroundEstimator``): the first asks for the deepest job and starts the
     sweeps on a copy; once they are done, every estimate is a look-up."""
@@ -171,7 +180,7 @@ def sampled(cluster: Cluster, now: int, size: int = SAMPLE) -> dict[str, Any]:
         timings.append((time.perf_counter() - started) * 1000)
         answered += found is not None and found["likelyStartAt"] is not None
     ordered = sorted(timings)
-    return {
+    return estimator, {
         "first_ms": round(first_ms, 1),
         "first_answered": first["likelyStartAt"] is not None,
         "background_sweeps_s": round(swept_s, 2),
@@ -181,6 +190,55 @@ def sampled(cluster: Cluster, now: int, size: int = SAMPLE) -> dict[str, Any]:
         "sample_p99_ms": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))], 3),
         "sample_max_ms": round(ordered[-1], 3),
         "sample_answered": answered,
+    }
+
+
+def complete(found: dict[str, Any] | None) -> bool:
+    """A likely start, and a latest one or none (no bound) from a finished sweep."""
+    return found is not None and found["likelyStartAt"] is not None and found["latestNotBefore"] is None
+
+
+def kept_ahead(
+    cluster: Cluster, estimator: BackgroundEstimator, now: int, rng: random.Random
+) -> dict[str, Any]:
+    """A state change, the refresh the gateway's task makes, then the deepest job asked first; then a
+    newly submitted job, asked until its estimate is complete."""
+    state, read_model = cluster.state, cluster.read_model
+    deepest = max((list(s.queue) for s in state.shares.values()), key=len)[-1][2]
+    cluster.now = now
+    finish_one(cluster, rng)
+    now += 1
+    estimator.refresh(state, read_model, now)
+    started = time.perf_counter()
+    first = estimator.estimate(state, read_model, deepest, now)
+    kept_ms = (time.perf_counter() - started) * 1000
+    assert first is not None
+    share = max(state.shares.values(), key=lambda s: len(s.queue))
+    job = JobSpec(
+        job_id="job-new",
+        job_name="job-new",
+        job_queue="jq",
+        quota_share=share.spec.name,
+        unit=UNIT,
+        created_at=cluster.now,
+    )
+    cluster.feed(inp.SubmitJob, job=job)
+    submitted = time.perf_counter()
+    estimator.refresh(state, read_model, now)
+    new = estimator.estimate(state, read_model, "job-new", now)
+    new_ms = (time.perf_counter() - submitted) * 1000
+    later = new
+    while not complete(later) and time.perf_counter() - submitted < 60:
+        time.sleep(0.05)
+        estimator.refresh(state, read_model, now)
+        later = estimator.estimate(state, read_model, "job-new", now)
+    return {
+        "kept_first_ms": round(kept_ms, 2),
+        "kept_first_complete": complete(first),
+        "kept_first_assumed": first["assumptions"][-1],
+        "new_job_ms": round(new_ms, 1),
+        "new_job_complete": complete(new),
+        "new_job_complete_after_s": round(time.perf_counter() - submitted, 2) if complete(later) else None,
     }
 
 

@@ -46,6 +46,7 @@ from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, conn
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.settings import GatewaySettings, SchedulerSettings
 from gpuquota.sim.estimate import estimating_explainer
+from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class GatewayService:
         self.producer: InputProducer | None = None
         self.gateway: Gateway | None = None
         self._runner: web.AppRunner | None = None
+        self.explainer: EstimatingExplainer | None = None
         self._tail: asyncio.Task[None] | None = None
         self.registry: CollectorRegistry | None = None
 
@@ -105,13 +107,15 @@ class GatewayService:
         self.producer = InputProducer(self.kafka, self.topics, client_id="gpuquota-gateway")
         await self.producer.start()
         port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
+        self.explainer = estimating_explainer(lambda: projector.state, self.read_model, wall_clock_ms)
         gateway = self.gateway = Gateway(
             self.read_model,
             port,
             pool=self.pool,
-            explainer=estimating_explainer(lambda: projector.state, self.read_model, wall_clock_ms),
+            explainer=self.explainer,
             auth=self.auth,
         )
+        self.explainer.start()
         self.registry = gateway_registry(gateway, lambda: projector.state)
         install(gateway, self.registry, self.probes(), lambda: projector.state)
         NodeRoutes(gateway, self.node_logs).install()
@@ -138,6 +142,8 @@ class GatewayService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.explainer is not None:
+            await self.explainer.stop()
         await cancel(self._tail)
         self._tail = None
         if self.producer is not None:

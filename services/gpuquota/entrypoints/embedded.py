@@ -39,6 +39,7 @@ from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.sim.estimate import estimating_explainer
+from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
@@ -106,6 +107,7 @@ class EmbeddedStack:
         self.registry: CollectorRegistry | None = None
         self.agents: dict[str, NodeAgent] = {}
         self._runner: web.AppRunner | None = None
+        self.explainer: EstimatingExplainer | None = None
 
     @property
     def url(self) -> str:
@@ -128,13 +130,15 @@ class EmbeddedStack:
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route
         shell.on_step = timings.step.observe
+        self.explainer = estimating_explainer(lambda: shell.state, shell.read_model, shell.clock)
         gateway = self.gateway = Gateway(
             shell.read_model,
             EmbeddedCommandPort(shell),
             clock=shell.clock,
-            explainer=estimating_explainer(lambda: shell.state, shell.read_model, shell.clock),
+            explainer=self.explainer,
             auth=self.auth,
         )
+        self.explainer.start()
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
         install(gateway, self.registry, probes, lambda: shell.state)
@@ -177,6 +181,8 @@ class EmbeddedStack:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.explainer is not None:
+            await self.explainer.stop()
         for agent in self.agents.values():
             await agent.stop()
         self.agents.clear()

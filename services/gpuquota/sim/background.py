@@ -10,8 +10,10 @@ has reached the job, else after waiting for it at most ``BUDGET_S`` (then "after
 the run has reached, as the synchronous estimate does). At most one run is in flight; a newer state
 version starts a new run once it is done and as long after as it took (so that the thread, which
 shares the interpreter's lock with the scheduler, sweeps at most half the time); meanwhile the
-finished run answers, saying how old it is. The copy is private to the thread: the scheduler's state
-is never touched.
+finished run answers, saying how many events and seconds old it is. ``refresh`` starts a run of a
+new state version without a question (the gateway's explainer calls it twice a second once someone
+has asked: ``gpuquota.sim.explainer``), so that the finished run is seldom more than a sweep old.
+The copy is private to the thread: the scheduler's state is never touched.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Run:
     def knows(self, job_id: str) -> bool:
         return (job_id in self.likely or self.done[0]) and (job_id in self.latest or self.done[1])
 
-    def answer(self, job_id: str, applied_now: int) -> dict[str, Any]:
+    def answer(self, job_id: str, applied_now: int, now: int, newer_running: bool = False) -> dict[str, Any]:
         sweeps = sync.Sweeps(
             self.version,
             self.estimated_at,
@@ -66,16 +68,24 @@ class Run:
         )
         found = sweeps.answer(job_id)
         if applied_now != self.applied:
+            age_s = round(max(0, now - self.estimated_at) / 1000, 1)
             found["assumptions"].append(
-                f"estimated from the state {applied_now - self.applied} event(s) ago "
-                "(a newer estimate is running)"
+                f"estimated from the state {applied_now - self.applied} event(s) ago ({age_s} s ago"
+                + ("; a newer estimate is running)" if newer_running else ")")
             )
         return found
 
 
+FAILED_REST_S = 30.0
+"""After a failed run, the next one waits at least this long (a failure is logged once per run)."""
+
+
 def _resting(run: Run) -> bool:
     """Whether a new run must wait: as long after the last one as that one took."""
-    return run.ended_s is not None and time.perf_counter() - run.ended_s < run.ended_s - run.began_s
+    if run.ended_s is None:
+        return False
+    rest = max(run.ended_s - run.began_s, FAILED_REST_S if run.failed else 0.0)
+    return time.perf_counter() - run.ended_s < rest
 
 
 def _pickled(state: ClusterState) -> bytes:
@@ -109,25 +119,38 @@ class BackgroundEstimator:
         if job_id not in run.waiting:  # submitted after the run's copy: nothing in flight knows it
             return sync.estimate(state, read_model, job_id, now)
         if run.knows(job_id):
-            return run.answer(job_id, state.applied)
+            return run.answer(job_id, state.applied, now)
         finished = self.finished
         if finished is not None and job_id in finished.waiting and finished.knows(job_id):
-            return finished.answer(job_id, state.applied)
+            return finished.answer(job_id, state.applied, now, newer_running=not run.over)
         with self.changed:
             while not run.knows(job_id) and not run.failed:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
                 self.changed.wait(left)
-        return run.answer(job_id, state.applied)
+        return run.answer(job_id, state.applied, now)
+
+    def refresh(self, state: ClusterState, read_model: ReadModel, now: int) -> None:
+        """Keep the sweeps ahead of the questions: start a run of ``state`` when the newest run is of
+        an older version (at most one in flight, resting as after a question). Called periodically on
+        the thread that owns the state (``EstimatingExplainer.keep_ahead``), so that when someone asks,
+        a finished run already knows every job that waited a sweep ago. Only a new version starts a
+        run: an idle pool is not swept again (a question then redoes a run older than ``MAX_AGE_MS``)."""
+        current = self.current
+        if current is not None and current.version == (id(state), state.applied):
+            return  # swept (or failed: a question retries it, after the rest)
+        if any(len(share.queue) for share in state.shares.values()):
+            self._run_for(state, read_model, now)
 
     def _run_for(self, state: ClusterState, read_model: ReadModel, now: int) -> Run:
         version = (id(state), state.applied)
         current = self.current
-        if current is not None and not current.failed:
-            if not all(current.done):
+        if current is not None:
+            if not current.over:
                 return current  # one run at a time: it answers, however old
-            if current.version == version and now - current.estimated_at <= sync.MAX_AGE_MS:
+            fresh = now - current.estimated_at <= sync.MAX_AGE_MS
+            if not current.failed and current.version == version and fresh:
                 return current
             if _resting(current):
                 return current  # the thread sweeps at most half the time: the scheduler needs the rest
@@ -163,5 +186,6 @@ class BackgroundEstimator:
         except Exception:
             sync.log.exception("background start estimate failed")
             with self.changed:
+                run.ended_s = time.perf_counter()
                 run.failed = True
                 self.changed.notify_all()

@@ -17,7 +17,8 @@ keeps the sweeps of the last state version (``state.applied``), so the other job
 version are look-ups. A sweep stops after ``MAX_STEPS`` ends (no answer then) or at its share of the
 time budget (the answer is then "not before" the virtual time it reached); the gateway's explainer
 (``estimating_explainer``) runs them with no budget on a copy in a thread instead
-(``gpuquota.sim.background``), so that deep-queue jobs get a start too.
+(``gpuquota.sim.background``), whenever the state changes (``gpuquota.sim.explainer``), so that
+deep-queue jobs get a complete start from the newest finished run, which says how old it is.
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from gpuquota.core import ClusterState, Explanation, explain, step
+from gpuquota.core import ClusterState, step
 from gpuquota.core.context import construct
 from gpuquota.core.state import JobRecord, ShareKey
 from gpuquota.readmodel import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus
+
+if TYPE_CHECKING:
+    from gpuquota.sim.explainer import EstimatingExplainer
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 50_000
@@ -249,23 +253,9 @@ def estimate(state: ClusterState, read_model: ReadModel, job_id: str, now: int) 
 
 def estimating_explainer(
     state: Callable[[], ClusterState], read_model: ReadModel, clock: Callable[[], int]
-) -> Callable[[str], Explanation | None]:
-    """``explain`` with a start estimate for RUNNABLE jobs (the gateway's explainer)."""
+) -> EstimatingExplainer:
+    """``explain`` with a start estimate for RUNNABLE jobs (the gateway's explainer); its
+    ``keep_ahead()`` task keeps the estimates' sweeps ahead of the questions."""
+    from gpuquota.sim.explainer import EstimatingExplainer
 
-    from gpuquota.sim.background import BackgroundEstimator
-
-    estimator = BackgroundEstimator()
-
-    def explainer(job_id: str) -> Explanation | None:
-        current, now = state(), clock()
-        found = explain(current, job_id, now=now)
-        if found is None or found.status != JobStatus.RUNNABLE.value:
-            return found
-        try:
-            found_estimate = estimator.estimate(current, read_model, job_id, now)
-        except Exception:  # an estimate is a courtesy: never let it break ``explain``
-            log.exception("start estimate of job %s failed", job_id)
-            return found
-        return replace(found, estimate=found_estimate)
-
-    return explainer
+    return EstimatingExplainer(state, read_model, clock)
