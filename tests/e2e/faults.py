@@ -111,10 +111,12 @@ class Up:
 
     async def kill(self) -> None:
         assert self.process is not None
+        self.url = ""  # its port is about to be free for any process to take (see ``Client``)
         await self.process.kill()
 
     async def stop(self) -> int:
         assert self.process is not None
+        self.url = ""
         return await self.process.stop(timeout=60)
 
     def logs(self) -> str:
@@ -122,7 +124,13 @@ class Up:
 
 
 class Client:
-    """Submits ``count`` jobs in a thread, each with its own clientToken, through crashes and restarts."""
+    """Submits ``count`` jobs in a thread, each with its own clientToken, through crashes and restarts.
+
+    ``url()`` is the stack's address, or "" while it is down: the port of a killed stack is free, and
+    with ``--port 0`` any other process on the machine may bind it meanwhile (another test's fresh
+    gateway, whose answer "Job queue jq does not exist" would be taken as our stack's refusal). A
+    real client talks to one fixed endpoint; ours waits for the restarted stack's new one.
+    """
 
     def __init__(self, url: Callable[[], str], root: Path, count: int, ticks: list[int]) -> None:
         self.url = url
@@ -153,6 +161,11 @@ class Client:
         deadline = time.monotonic() + 120
         while True:
             url = self.url()
+            if not url:  # the stack is down: wait for its new address, never reuse the old one
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{token}: the stack did not come back within 120 s")
+                time.sleep(0.1)  # polling interval
+                continue
             try:
                 batch = batch_client(url)
                 try:

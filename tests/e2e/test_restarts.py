@@ -23,6 +23,7 @@ from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
 from gpuquota.adapters.sqlite_store import STORE_FILE, SqliteEventStore
+from gpuquota.entrypoints.embedded import EmbeddedStack
 from tests.e2e.faults import Client, Figures, Up, check, kill_leftovers, settle, setup_queue, statuses
 
 pytestmark = pytest.mark.slow
@@ -101,6 +102,38 @@ async def test_kill_9_of_gpuquota_up_during_many_short_jobs(any_up: Up) -> None:
     found.recovery_seconds = figures.recovery_seconds
     mode = "distributed" if up.extra else "embedded"
     print(found.line(f"kill -9 of gpuquota up ({mode})"))
+
+
+async def test_the_client_waits_for_the_restarted_stack_not_a_process_on_its_old_port(up: Up) -> None:
+    """With ``--port 0`` the port of a killed ``gpuquota up`` is free until it is back on a new one;
+    any process may bind it meanwhile, e.g. another test's fresh gateway (here: one with no job
+    queue). The fault client must wait for the new address, not take that gateway's refusal ("Job
+    queue jq does not exist") for our stack's: a one-off failure of the distributed kill -9 test."""
+    await up.start()
+    await asyncio.to_thread(setup_queue, up.url, SLOTS)
+    old_port = int(up.url.rsplit(":", 1)[1])
+    await up.kill()
+    squatter = EmbeddedStack(None, "127.0.0.1", old_port, nodes="", runtime="simulated", tick_seconds=0)
+    await squatter.start()
+    asked: list[str] = []
+
+    def url() -> str:
+        asked.append(up.url)
+        return up.url
+
+    client = Client(url, up.root, 4, ticks=[0])
+    try:
+        client.start()
+        deadline = time.monotonic() + 30
+        while len(asked) < 3 and not client.done.is_set():  # it tried while the stack was down
+            assert time.monotonic() < deadline, "the client did not ask for the stack's address"
+            await asyncio.sleep(0.05)  # polling interval
+        await up.start()
+        await client.wait(timeout=120)
+    finally:
+        await squatter.stop()
+    await settle(up.url, list(client.acknowledged.values()), 60, up.logs)
+    await checked(up, client.acknowledged)
 
 
 async def test_sigterm_restarts_keep_running_jobs(up: Up) -> None:
