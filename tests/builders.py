@@ -83,6 +83,10 @@ class JobBuilder:
         self.fields["preemption_retries"] = value
         return self
 
+    def token(self, client_token: str) -> JobBuilder:
+        self.fields["client_token"] = client_token
+        return self
+
     def timeout(self, seconds: int) -> JobBuilder:
         self.fields["attempt_duration_seconds"] = seconds
         return self

@@ -1,11 +1,11 @@
 """A ``clientToken`` retried on a restarted distributed gateway before its first submission is decided.
 
-Known bug (found while chasing the session 5 kill -9 flake, not fixed yet): the distributed gateway
-remembers a token in its read model only (pending until the scheduler's decision is folded). If the
-gateway dies after producing the ``SubmitJob`` and before the client got the answer, and the retry
-reaches the restarted gateway before the scheduler has decided the first one, the retry makes a
-second job (a new job id) and the core accepts both: one token, two jobs. AWS Batch makes one.
-The kill -9 fault test would report it as "a clientToken made more than one job".
+The distributed gateway knows a token from its read model only, once the scheduler's decision is
+folded. If the gateway dies after producing the ``SubmitJob`` and before the client got the answer,
+the retry may reach the restarted gateway before the scheduler decided the first try: that gateway
+does not know the token. It used to give the retry a new job id, and the core accepted both (one
+token, two jobs; AWS Batch makes one). A tokened job's id now comes from the pool and the token
+(``gateway.edge.token_job_id``), and the core answers a retry naming an existing job with that job.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ async def _submit(url: str, root: Path) -> str:
     return await asyncio.to_thread(call)
 
 
-@pytest.mark.xfail(strict=True, reason="one clientToken, two jobs across a gateway restart (see module doc)")
 async def test_a_token_retried_on_a_restarted_gateway_makes_one_job(
     kafka_bootstrap: str, database_url: str, tmp_path: Path
 ) -> None:
@@ -69,14 +68,15 @@ async def test_a_token_retried_on_a_restarted_gateway_makes_one_job(
     await asyncio.to_thread(setup_queue, first_gateway.url, 4)
     await scheduler.stop()  # the scheduler is down (restarting, slow): submissions wait in Kafka
     first_gateway.decision_timeout = 1.0
-    await _submit(first_gateway.url, tmp_path)  # in a crash, this answer is lost...
+    first = await _submit(first_gateway.url, tmp_path)  # in a crash, this answer is lost...
     await first_gateway.stop()  # ...with the gateway: its pending view of the token is gone
     second_gateway = gateway()
     await second_gateway.start()
     store = await PostgresEventStore.connect(database_url)
     scheduler = SchedulerService(config)
     try:
-        await _submit(second_gateway.url, tmp_path)  # the client's retry, same token
+        retried = await _submit(second_gateway.url, tmp_path)  # the client's retry, same token
+        assert retried == first, "the retry was answered with another job"
         await scheduler.start()
         deadline = time.monotonic() + 60
         while True:  # until the retry is decided (it follows the first submission on the partition)

@@ -297,9 +297,18 @@ def _submission_problem(state: ClusterState, m: inp.SubmitJob) -> str | None:
     return None
 
 
+def _retried_submission(state: ClusterState, m: inp.SubmitJob) -> bool:
+    """A submission retried with its ``clientToken`` whose first try made the job already: the
+    gateway derives a tokened job's id from the pool and the token (``gateway.edge.token_job_id``),
+    so a retry names the same job even when the gateway that took the first try is gone."""
+    return m.job.client_token is not None and m.job.job_id in state.jobs
+
+
 @_handles(inp.SubmitJob)
 def _submit(ctx: Context, m: inp.SubmitJob) -> bool:
     state = ctx.state
+    if _retried_submission(state, m):
+        return False  # the job the first try made is the answer: nothing to decide
     if (problem := _submission_problem(state, m)) is not None:
         return reject(ctx, m, problem, job_id=m.job.job_id)
     ctx.emit(ev.JobAccepted, job=m.job)

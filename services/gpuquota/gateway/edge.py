@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -105,6 +106,16 @@ def validation_message(exc: ValidationError) -> str:
 
 
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+
+
+_TOKEN_JOBS = uuid.UUID("6f1c1f2e-8d4b-5a57-9a0e-7c3b2f0d9e41")
+"""The namespace of job ids derived from client tokens (any fixed UUID: it only has to stay the same)."""
+
+
+def token_job_id(pool: str, token: str) -> str:
+    """The job id of a submission with ``clientToken`` ``token``: the same for every retry, whichever
+    gateway takes it (a restarted one may not know the first try yet), so the core can recognise it."""
+    return str(uuid.uuid5(_TOKEN_JOBS, f"{pool}\n{token}"))
 
 
 def uuid4() -> str:

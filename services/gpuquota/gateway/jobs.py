@@ -13,7 +13,7 @@ from typing import Any
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.auth import Principal
 from gpuquota.gateway.context import Context
-from gpuquota.gateway.edge import parse_json, uuid4
+from gpuquota.gateway.edge import parse_json, token_job_id, uuid4
 from gpuquota.gateway.errors import ApiError, ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_job, job_summary
@@ -98,7 +98,7 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
                 return job_ref(gw, job)
     spec = gw.build(
         JobSpec,
-        job_id=uuid4(),
+        job_id=uuid4() if token is None else token_job_id(gw.pool, token),
         job_name=job_name,
         job_queue=queue_name,
         quota_share=share_name,

@@ -735,6 +735,10 @@ CASES: dict[str, Case] = {
         Round([do.submit(job("a").share("QS2"), job("a").share("QS1"))],
               want_status={"a": SCHEDULED},
               want_rejected=["Job a already exists"]),
+        # a clientToken's retry names the job its first try made (the gateway derives the id from
+        # the token): it is answered by that job, neither rejected nor made twice
+        Round([do.submit(job("t").share("QS2").token("tok")), do.submit(job("t").share("QS2").token("tok"))],
+              want_status={"t": RUNNABLE}, want=[expect.last_events()]),
         Round([do.report("node-x", "a", "a#1", "RUNNING"), do.heartbeat("node-x"), do.drain("node-x"),
                do.deregister("node-x"), do.delete_share("NOPE"),
                do.feed(inp.UpdateQuotaShare, spec=share("NOPE").limit(1).build())],
