@@ -4,16 +4,23 @@ The distributed scheduler records each event in the log (``log_codec.encode_even
 to ``gpuquota.job-state`` (``kafka.encode``) moments later: encoding it twice cost about 2.5 % of the
 scheduler at 1,000 jobs/s (py-spy). Messages are frozen, so the JSON of one object never changes; the
 memo holds the object itself, so an id is never taken for another object's while it is remembered.
+
+The memo is an ``OrderedDict``: forgetting the oldest entry of a plain ``dict`` (``del
+d[next(iter(d))]``) walks past every slot freed since the dict was last compacted, up to a thousand
+here, which made this memo 3 to 5 % of the scheduler's CPU at 2,000 jobs/s (py-spy); ``popitem(last=
+False)`` unlinks it at once.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from gpuquota.wire.base import Message
 
 RECENT = 4096
 """Messages remembered (first in, first out): more than a batch's events."""
 
-_recent: dict[int, tuple[Message, str]] = {}
+_recent: OrderedDict[int, tuple[Message, str]] = OrderedDict()
 
 
 def message_json(message: Message) -> str:
@@ -24,5 +31,5 @@ def message_json(message: Message) -> str:
     text = message.model_dump_json()
     _recent[id(message)] = (message, text)
     if len(_recent) > RECENT:
-        del _recent[next(iter(_recent))]
+        _recent.popitem(last=False)
     return text
