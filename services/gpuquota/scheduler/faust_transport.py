@@ -117,7 +117,7 @@ class SchedulerApp(faust.App):
         """faust's, with the event class looked up once (``conf`` is a settings registry)."""
         make = self._make_event
         if make is None:
-            make = self._make_event = self.conf.Event
+            make = self._make_event = cast(Callable[..., EventT[Any]], self.conf.Event)
         return make(self, key, value, headers, message)
 
     def _new_transport(self) -> Any:
@@ -183,7 +183,7 @@ def _take_buffered(stream: faust.StreamT[bytes], most: int) -> list[EventT[bytes
     return taken
 
 
-class RawSchema(faust.Schema):
+class RawSchema(faust.Schema[bytes, bytes]):
     """A topic's keys and values as the bytes (or None) the record holds: the ``raw`` codec, without
     looking it up in faust's codec registry for every key and value."""
 
