@@ -6,6 +6,7 @@ from gpuquota.adapters import message_json as memo
 from gpuquota.adapters.kafka import encode
 from gpuquota.adapters.log_codec import encode_events
 from gpuquota.wire import events as ev
+from tests.builders import Harness, job
 
 
 def event(job_id: str) -> ev.JobSucceeded:
@@ -25,3 +26,12 @@ def test_the_memo_is_bounded() -> None:
     for i in range(memo.RECENT + 10):
         memo.message_json(event(str(i)))
     assert len(memo._recent) == memo.RECENT
+
+
+def test_the_memo_gives_pydantics_json_for_every_kind_of_message() -> None:
+    h = Harness.worked_example()
+    h.submit(job("a").share("QS1"), job("u").share("NOPE"))
+    messages = [*h.inputs, *h.events]
+    assert {type(m) for m in messages} >= {ev.JobAccepted, ev.InputRejected}
+    for message in messages:
+        assert memo.message_json(message) == message.model_dump_json()

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.partitioner import murmur2
 
 from gpuquota.adapters.message_json import message_json
+from gpuquota.adapters.partitioner import default_partition
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.topics import (
@@ -136,8 +136,7 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeou
 
 def partition_for(key: str, partitions: int) -> int:
     """The partition the default (Java-compatible murmur2) partitioner picks for ``key``."""
-    digest: int = murmur2(key.encode())
-    return (digest & 0x7FFFFFFF) % partitions
+    return default_partition(key.encode(), partitions)
 
 
 def message_headers(message: Message) -> Headers:

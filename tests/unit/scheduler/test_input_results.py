@@ -6,7 +6,7 @@ from gpuquota.adapters.event_store import InMemoryEventStore
 from gpuquota.scheduler.pipeline import Outcome
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.input_results import InputResult
+from gpuquota.wire.input_results import DecidedEvent, InputResult
 from tests.builders import Harness, job
 from tests.unit.scheduler.test_pipeline import FakePublisher, feed, pipeline, records
 
@@ -135,3 +135,21 @@ async def test_answers_validate_even_for_the_longest_input_ids() -> None:
     assert len(publisher.results) == len(longest)
     for result in publisher.results:  # built without validation: validate them now
         assert InputResult.model_validate_json(result.model_dump_json()) == result
+
+
+async def test_answers_are_what_model_construct_would_build() -> None:
+    h = scenario()
+    publisher = FakePublisher()
+    await feed(pipeline(InMemoryEventStore(), publisher), records(h.inputs))
+
+    assert {r.outcome for r in publisher.results} == {"ACCEPTED", "REJECTED"}
+    for result in publisher.results:  # built through BaseModel's slots, not model_construct: the same
+        fields = {name: getattr(result, name) for name in result.model_fields_set}
+        events = tuple(DecidedEvent.model_construct(**e.model_dump()) for e in result.events)
+        constructed = InputResult.model_construct(**{**fields, "events": events})
+        assert result == constructed and result.model_fields_set == constructed.model_fields_set
+        assert result.model_dump_json() == constructed.model_dump_json()
+        assert result.__pydantic_extra__ is None and result.__pydantic_private__ is None
+        for event in result.events:
+            assert event.model_fields_set == {"type", "event_id"}
+            assert event == DecidedEvent(type=event.type, event_id=event.event_id)
