@@ -4,7 +4,8 @@ Recovery seam: the agent records each attempt (``AdoptRecord``) before it launch
 calls ``Runtime.adopt(record)``, which returns a handle on the attempt if it still runs, a handle that
 has already ended (its ``wait`` gives the real outcome) if it ended while no agent watched, or None
 when nothing is known of it (the scheduler then requeues it as lost). The process runtime records the
-outcome in ``LaunchSpec.exit_path`` through ``exit_wrapper.py``; another runtime may use its own record
+outcome in ``LaunchSpec.exit_path`` through the exit wrapper (``exit_wrapper.c`` compiled, else
+``exit_wrapper.py``: ``gpuquota.node_agent.native_wrapper``); another runtime may use its own record
 (a container's exit code, say) the same way.
 """
 
@@ -17,14 +18,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuquota.node_agent import children, procs
+from gpuquota.node_agent import children, native_wrapper, procs
 from gpuquota.node_agent.payload import TrainingRequest
 
 Trace = Callable[[str], None]
@@ -208,7 +208,7 @@ class EndedHandle(NoProcess):
 
 
 def read_exit(path: str | Path | None) -> Outcome | None:
-    """The outcome ``exit_wrapper.py`` recorded at ``path``; None if there is none (or it is unreadable)."""
+    """The outcome the exit wrapper recorded at ``path``; None if there is none (or it is unreadable)."""
     if path is None:
         return None
     try:
@@ -220,9 +220,6 @@ def read_exit(path: str | Path | None) -> Outcome | None:
     if isinstance(doc, dict) and isinstance(doc.get("exit_code"), int):
         return Outcome(exit_code=doc["exit_code"])
     return None
-
-
-WRAPPER = Path(__file__).with_name("exit_wrapper.py")
 
 
 def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> None:
@@ -240,13 +237,20 @@ def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> Non
 
 class ProcessRuntime:
     """Runs the payload's command as a local process in its own process group (session), through
-    ``exit_wrapper.py`` when the spec has an ``exit_path``."""
+    the exit wrapper when the spec has an ``exit_path``. ``exit_wrapper``: the wrapper's command
+    (default: the compiled one when built, else the Python one; ``native_wrapper.command``)."""
 
     name = "process"
 
-    def __init__(self, poll_seconds: float = 0.05, inherit_env: bool = True) -> None:
+    def __init__(
+        self,
+        poll_seconds: float = 0.05,
+        inherit_env: bool = True,
+        exit_wrapper: tuple[str, ...] | None = None,
+    ) -> None:
         self._poll = poll_seconds
         self._inherit_env = inherit_env
+        self.exit_wrapper = exit_wrapper or native_wrapper.command()
 
     async def launch(self, spec: LaunchSpec) -> AttemptHandle:
         from gpuquota.node_agent import instances
@@ -291,7 +295,7 @@ class ProcessRuntime:
         if exit_file is not None:
             _check_command(argv, env, cwd)
             Path(exit_file).parent.mkdir(parents=True, exist_ok=True)
-            argv = (sys.executable, "-I", "-S", str(WRAPPER), exit_file, *argv)
+            argv = (*self.exit_wrapper, exit_file, *argv)
         try:
             with open(log_path, "ab") as log:
                 proc = await children.spawn(argv, log, env, cwd)
