@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         core = build()
         return max(core, native_wrapper.build())
     if args == ["--status"]:
+        from gpuquota.node_agent import native_wrapper
+
         print(core_mode())
+        print(f"exit wrapper: {'compiled' if native_wrapper.native_command() else 'python'}")
         return 0
     print("usage: python -m gpuquota.build_native [--status]", file=sys.stderr)
     return 2
