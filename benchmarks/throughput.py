@@ -14,7 +14,7 @@ They are submitted one ``SubmitServiceJob`` request each, from ``--clients`` thr
 with a boto3 client each; then the benchmark waits for every job to succeed. The pool, not the client,
 is to be the limit: each request waits for the server's group commit (tens of milliseconds on a busy
 machine), so 4 threads submitted only 30-75 jobs a second, below the pool's 128 starts a second; 16
-submit 200-300 a second on the 2-core development machine (32 were no faster there).
+submitted 166-370 a second on the 2-core development machine (32 were no faster there).
 
 - ``submits_per_s``: JOBS over the time from the first submission to the last answer;
 - ``starts_per_s``: JOBS over the time from the first written start to the end of the last job's run
