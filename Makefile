@@ -18,7 +18,8 @@ help:
 	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' with the pins of"
 	@echo "                   constraints.txt (skipped when up to date);"
 	@echo "                   podman, runc, busybox-static from apt when missing (deploy/local/podman.sh, root)"
-	@echo "make native        compile the scheduling core with mypyc (docs/configuration.md; skipped when current)"
+	@echo "make native        compile the scheduling core with mypyc and the exit wrapper with cc"
+	@echo "                   (docs/configuration.md; skipped when current)"
 	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
 	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
 	@echo "                   again on the Python core (GPUQUOTA_PURE_PYTHON=1)"
@@ -37,9 +38,10 @@ $(STAMP):
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-# Without a C compiler the Python core runs (same decisions, slower); CI checks the compiled one is used.
+# Without a C compiler the Python core and exit wrapper run (same behaviour, slower); CI checks the
+# compiled ones are used.
 native: install
-	$(BIN)/python -m gpuquota.build_native || echo "make native: failed, the Python core will run" >&2
+	$(BIN)/python -m gpuquota.build_native || echo "make native: failed, the Python core or exit wrapper will run" >&2
 
 CORE_TESTS := tests/unit/core tests/property tests/unit/test_snapshots.py
 

@@ -1,8 +1,11 @@
-"""``python -m gpuquota.build_native``: compile the scheduling core with mypyc (``make native``).
+"""``python -m gpuquota.build_native``: compile the scheduling core with mypyc (``make native``), and
+the node agent's exit wrapper with the C compiler.
 
 Writes the extension modules and the digest of their sources to ``gpuquota/core/_compiled``; see
 ``gpuquota._native`` for how and when they are used. ``--status`` prints which core runs here.
-Needs mypy (the ``test`` extra) and a C compiler; skipped when the build is current.
+Needs mypy (the ``test`` extra) and a C compiler; skipped when the build is current. The exit wrapper
+(``gpuquota.node_agent.native_wrapper``) is built even when the core's build fails, and the other way
+round; the exit status is 1 when either failed (what failed keeps its Python version).
 """
 
 from __future__ import annotations
@@ -76,9 +79,15 @@ def build(quiet: bool = False) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == []:
-        return build()
+        from gpuquota.node_agent import native_wrapper
+
+        core = build()
+        return max(core, native_wrapper.build())
     if args == ["--status"]:
+        from gpuquota.node_agent import native_wrapper
+
         print(core_mode())
+        print(f"exit wrapper: {'compiled' if native_wrapper.native_command() else 'python'}")
         return 0
     print("usage: python -m gpuquota.build_native [--status]", file=sys.stderr)
     return 2

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuquota.node_agent import NodeAgent, ProcessRuntime, Runtime, parse_slots
+from gpuquota.node_agent import NodeAgent, ProcessRuntime, Runtime, native_wrapper, parse_slots
 from gpuquota.node_agent.sending import SendMany
 from gpuquota.wire.inputs import AttemptReport, SchedulerInput
 from gpuquota.wire.node_commands import RunAttempt, StopAttempt
@@ -148,6 +148,20 @@ def _kill_recorded(work_dir: Path) -> None:
 AgentFactory = Callable[..., NodeAgent]
 
 
+@pytest.fixture(params=["c", "python"])
+def exit_wrapper(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """Each exit wrapper's command (``make_agent(..., exit_wrapper=...)``); the C one only where it was
+    built, except in CI, where `make test` builds it first (`make native`): a failed build must show."""
+    if request.param == "python":
+        return native_wrapper.python_command()
+    native = native_wrapper.native_command()
+    if native is None:
+        if os.environ.get("CI"):
+            pytest.fail("the C exit wrapper was not built (make native)")
+        pytest.skip("the C exit wrapper is not built here (make native)")
+    return native
+
+
 @pytest.fixture
 async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
     """Builds started-later agents on ``tmp_path/work``; kills whatever they leave running."""
@@ -163,12 +177,13 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         heartbeat: float = 60.0,
         node_id: str = NODE,
         send_many: SendMany | None = None,
+        exit_wrapper: tuple[str, ...] | None = None,
     ) -> NodeAgent:
         agent = NodeAgent(
             node_id,
             "default",
             parse_slots(slots),
-            runtime or ProcessRuntime(poll_seconds=0.01),
+            runtime or ProcessRuntime(poll_seconds=0.01, exit_wrapper=exit_wrapper),
             sched.send,
             work_dir or tmp_path / "work",
             heartbeat_seconds=heartbeat,

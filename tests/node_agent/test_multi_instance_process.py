@@ -77,10 +77,12 @@ async def test_one_failing_process_fails_the_attempt_and_stops_the_other(
     await wait_until(lambda: not procs.pid_alive(survivor), 5, "the other instance to be gone")
 
 
-async def test_a_restarted_agent_adopts_every_instance(make_agent: AgentFactory, tmp_path: Path) -> None:
+async def test_a_restarted_agent_adopts_every_instance(
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
+) -> None:
     sched = Scheduler()
     work = tmp_path / "work"
-    agent = make_agent(sched, work_dir=work)
+    agent = make_agent(sched, work_dir=work, exit_wrapper=exit_wrapper)
     await agent.start()
     await agent.deliver(run_cmd(two_instances(tmp_path, SLEEP="600"), job_id="multi", slots=(0, 1)))
     files = [tmp_path / f"{host}.json" for host in ("algo-1", "algo-2")]
@@ -92,7 +94,7 @@ async def test_a_restarted_agent_adopts_every_instance(make_agent: AgentFactory,
     assert [m[0] for m in record["members"]] == [os.getpgid(p) for p in pids]
 
     sched2 = Scheduler()
-    agent2 = make_agent(sched2, work_dir=work)
+    agent2 = make_agent(sched2, work_dir=work, exit_wrapper=exit_wrapper)
     await agent2.start()
     await wait_until(lambda: "multi-a1" in agent2.active_attempts, 30, "adoption")
     await agent2.deliver(stop_cmd("multi", "multi-a1", "fenced"))

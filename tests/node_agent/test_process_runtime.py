@@ -52,9 +52,9 @@ async def test_exit_code_3_fails_with_the_code(make_agent: AgentFactory) -> None
     assert "boom" in (agent.work_dir / "logs" / "job-1-a1.log").read_text()
 
 
-async def test_killed_by_signal_is_named(make_agent: AgentFactory) -> None:
+async def test_killed_by_signal_is_named(make_agent: AgentFactory, exit_wrapper: tuple[str, ...]) -> None:
     sched = Scheduler()
-    agent = make_agent(sched)
+    agent = make_agent(sched, exit_wrapper=exit_wrapper)
     await agent.start()
     await agent.deliver(run_cmd(python_payload("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")))
     report = await wait_final(sched, "job-1-a1")
@@ -119,7 +119,9 @@ async def test_max_runtime_is_enforced(make_agent: AgentFactory) -> None:
     assert report.exit_code == 128 + 15  # SIGTERM was enough
 
 
-async def test_sigterm_ignored_is_sigkilled_after_grace(make_agent: AgentFactory, tmp_path: Path) -> None:
+async def test_sigterm_ignored_is_sigkilled_after_grace(
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
+) -> None:
     ready = tmp_path / "ready"
     script = textwrap.dedent(
         f"""
@@ -131,7 +133,7 @@ async def test_sigterm_ignored_is_sigkilled_after_grace(make_agent: AgentFactory
         """
     )
     sched = Scheduler()
-    agent = make_agent(sched, grace=0.5)
+    agent = make_agent(sched, grace=0.5, exit_wrapper=exit_wrapper)
     await agent.start()
     await agent.deliver(run_cmd(python_payload(script)))
     await wait_until(ready.exists, what="the job to trap SIGTERM")
@@ -142,7 +144,9 @@ async def test_sigterm_ignored_is_sigkilled_after_grace(make_agent: AgentFactory
     assert events["SIGKILL"] - events["SIGTERM"] >= 0.5
 
 
-async def test_stop_waits_for_the_whole_process_group(make_agent: AgentFactory, tmp_path: Path) -> None:
+async def test_stop_waits_for_the_whole_process_group(
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
+) -> None:
     """The leader exits at once on SIGTERM; its child needs 0.3 s more: STOPPED comes after the child."""
     child_done = tmp_path / "child-done"
     ready = tmp_path / "ready"
@@ -163,7 +167,7 @@ async def test_stop_waits_for_the_whole_process_group(make_agent: AgentFactory, 
         f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
     )
     sched = Scheduler()
-    agent = make_agent(sched, grace=5)
+    agent = make_agent(sched, grace=5, exit_wrapper=exit_wrapper)
     await agent.start()
     await agent.deliver(run_cmd(python_payload(script)))
     await wait_until(ready.exists, what="the child to start")

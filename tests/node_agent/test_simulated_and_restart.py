@@ -79,10 +79,12 @@ SLEEPER = textwrap.dedent(
 )
 
 
-async def _start_then_abandon(make_agent: AgentFactory, out: Path) -> tuple[int, Path]:
-    """Agent 1 starts a long job, then goes away without stopping it."""
+async def _start_then_abandon(
+    make_agent: AgentFactory, out: Path, wrapper: tuple[str, ...]
+) -> tuple[int, Path]:
+    """Agent 1 starts a long job through ``wrapper``, then goes away without stopping it."""
     sched1 = Scheduler()
-    agent1 = make_agent(sched1)
+    agent1 = make_agent(sched1, exit_wrapper=wrapper)
     await agent1.start()
     await agent1.deliver(run_cmd(python_payload(SLEEPER, Environment={"OUT_DIR": str(out)})))
     pid_file = out / "pid"
@@ -97,13 +99,15 @@ async def _start_then_abandon(make_agent: AgentFactory, out: Path) -> tuple[int,
     return record["pgid"], agent1.work_dir
 
 
-async def test_restart_adopts_and_fencing_stops_the_orphan(make_agent: AgentFactory, tmp_path: Path) -> None:
+async def test_restart_adopts_and_fencing_stops_the_orphan(
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    pid, work_dir = await _start_then_abandon(make_agent, out)
+    pid, work_dir = await _start_then_abandon(make_agent, out, exit_wrapper)
 
     sched2 = Scheduler()
-    agent2 = make_agent(sched2, work_dir=work_dir)
+    agent2 = make_agent(sched2, work_dir=work_dir, exit_wrapper=exit_wrapper)
     await agent2.start()
     # the RegisterNode lists the adopted attempt as running ...
     await agent2.flush(5)
@@ -124,13 +128,13 @@ async def test_restart_adopts_and_fencing_stops_the_orphan(make_agent: AgentFact
 
 
 async def test_restart_adopted_attempt_ending_alone_is_reported_by_its_exit_code(
-    make_agent: AgentFactory, tmp_path: Path
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    _, work_dir = await _start_then_abandon(make_agent, out)
+    _, work_dir = await _start_then_abandon(make_agent, out, exit_wrapper)
     sched2 = Scheduler()
-    agent2 = make_agent(sched2, work_dir=work_dir)
+    agent2 = make_agent(sched2, work_dir=work_dir, exit_wrapper=exit_wrapper)
     await agent2.start()
     assert agent2.active_attempts == ["job-1-a1"]
     (out / "finish").write_text("now")
@@ -141,15 +145,15 @@ async def test_restart_adopted_attempt_ending_alone_is_reported_by_its_exit_code
 
 
 async def test_an_attempt_that_ended_while_no_agent_ran_is_reported_by_its_exit_code(
-    make_agent: AgentFactory, tmp_path: Path
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    pgid, work_dir = await _start_then_abandon(make_agent, out)
+    pgid, work_dir = await _start_then_abandon(make_agent, out, exit_wrapper)
     (out / "finish").write_text("now")
     await wait_until(lambda: not procs.group_alive(pgid), what="the job to end")
     sched2 = Scheduler()
-    agent2 = make_agent(sched2, work_dir=work_dir)
+    agent2 = make_agent(sched2, work_dir=work_dir, exit_wrapper=exit_wrapper)
     await agent2.start()
     report = await wait_final(sched2, "job-1-a1")
     assert (report.status, report.exit_code) == ("SUCCEEDED", 0)
@@ -187,15 +191,15 @@ async def test_a_final_report_not_delivered_is_sent_again_after_a_restart(
 
 
 async def test_restart_with_the_process_gone_forgets_it_unreported(
-    make_agent: AgentFactory, tmp_path: Path
+    make_agent: AgentFactory, tmp_path: Path, exit_wrapper: tuple[str, ...]
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    pgid, work_dir = await _start_then_abandon(make_agent, out)
+    pgid, work_dir = await _start_then_abandon(make_agent, out, exit_wrapper)
     os.killpg(pgid, signal.SIGKILL)  # no exit file: nothing says how it ended
     await wait_until(lambda: not procs.group_alive(pgid), what="the job to die")
     sched2 = Scheduler()
-    agent2 = make_agent(sched2, work_dir=work_dir)
+    agent2 = make_agent(sched2, work_dir=work_dir, exit_wrapper=exit_wrapper)
     await agent2.start()
     await agent2.flush(5)
     # not listed in the registration: the scheduler requeues it as lost (no retry counted)

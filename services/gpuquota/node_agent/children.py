@@ -3,8 +3,9 @@
 ``asyncio.create_subprocess_exec`` forks on the loop's thread (with vfork the parent waits until the
 child has exec'd, which on a busy machine is milliseconds: a wave of 64 launches held the loop about
 half a second) and asyncio's default child watcher starts a thread per child to wait for it. Here
-``subprocess.Popen`` runs on a worker thread, and the exit is awaited through a pidfd on the loop
-(Linux 5.3+; elsewhere polled), then reaped with ``Popen.wait``.
+``subprocess.Popen`` runs on a worker thread (the runtime calls :func:`start` there, with the rest of
+an instance's launch), and the exit is awaited through a pidfd on the loop (Linux 5.3+; elsewhere
+polled), then reaped with ``Popen.wait``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,10 @@ class Child(subprocess.Popen[bytes]):
             super().__del__()
 
 
-async def spawn(
-    argv: tuple[str, ...], log: IO[bytes], env: dict[str, str], cwd: Path
-) -> subprocess.Popen[bytes]:
-    """Starts ``argv`` as the leader of a new session, output to ``log`` (raises like ``Popen``)."""
-    return await asyncio.to_thread(
-        Child,
+def start(argv: tuple[str, ...], log: IO[bytes], env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    """Starts ``argv`` as the leader of a new session, output to ``log`` (raises like ``Popen``); blocks:
+    call it off the loop."""
+    return Child(
         argv,
         stdin=subprocess.DEVNULL,
         stdout=log,

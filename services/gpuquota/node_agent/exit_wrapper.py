@@ -1,12 +1,14 @@
 """Runs an attempt's command and records how it ended, so that the outcome survives the node agent.
 
 ``python exit_wrapper.py EXIT_FILE COMMAND [ARG...]``. The process runtime starts every attempt
-through this script (as the leader of the attempt's process group). It writes its pid to
-``EXIT_FILE.pid``, runs the command as its child (same group, working directory, environment and
+through this script (as the leader of the attempt's process group) where the C wrapper with the same
+contract, ``exit_wrapper.c``, is not built (``gpuquota.node_agent.native_wrapper``). It writes its pid
+to ``EXIT_FILE.pid``, runs the command as its child (same group, working directory, environment and
 output), waits for it, and writes ``{"exit_code": N}`` or ``{"signal": N}`` to ``EXIT_FILE``
-(atomically), then ends the same way as the command (it re-raises the signal), so an agent that is
-still its parent sees the usual exit status. A restarted agent, which is not the parent any more,
-reads ``EXIT_FILE`` instead (``gpuquota.node_agent.runtime.read_exit``).
+(atomically; ``{"exit_code": 127, "error": "..."}`` when the command cannot start), then ends the
+same way as the command (it re-raises the signal), so an agent that is still its parent sees the
+usual exit status. A restarted agent, which is not the parent any more, reads ``EXIT_FILE`` instead
+(``gpuquota.node_agent.runtime.read_exit``).
 
 SIGTERM, SIGINT and SIGHUP reach the whole group; the wrapper only waits for the command to react.
 The script imports nothing from gpuquota (nor json, nor subprocess) and runs with ``-I -S``: it costs a
@@ -53,8 +55,8 @@ def main(argv: list[str]) -> int:
     code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])  # waitpid retries after a signal (PEP 475)
     if code < 0:
         _write(exit_path, {"signal": -code})
-        if -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(-code, signal.SIG_DFL)  # the others still have their defaults
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # SIGPIPE, SIGXFSZ: Python ignores them
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code  # the signal was blocked or ignored: end with the shell's convention
     _write(exit_path, {"exit_code": code})
