@@ -14,12 +14,13 @@ appended together (group commit, see "Batches"). ``handle(record)`` is a batch o
 2. skip what is already decided: a record below the pool's recorded position (the next offset stored
    with its last decided input) was applied before a restart or rebalance.
 3. ``decide`` on the pool's state (the loop's ``decide_one``, as the embedded shell), then ``append``
-   the input, its events and the record's position in one store transaction. ``DuplicateInput``: the same input was recorded before (a re-produced or
-   redelivered message): skip it. ``StaleWriter``: another worker wrote the pool: drop the state;
-   if the partition is still ours, rebuild it from the store and decide the record again, otherwise
-   stop (the partition moved; it is rebuilt when it is assigned here again).
-   ``TransientStoreError``: the store is unreachable: retry the same append with back-off and decide
-   nothing else meanwhile (the pool's lock is held), for at most ``store_retry_seconds``, then fail.
+   the input, its events and the record's position in one store transaction. ``DuplicateInput``: the
+   same input was recorded before (a re-produced or redelivered message): skip it. ``StaleWriter``:
+   another worker wrote the pool: drop the state; if the partition is still ours, rebuild it from the
+   store and decide the record again, otherwise stop (the partition moved; it is rebuilt when it is
+   assigned here again). ``TransientStoreError``: the store is unreachable: retry the same append with
+   back-off and decide nothing else meanwhile (the pool's lock is held), for at most
+   ``store_retry_seconds``, then fail.
 4. ``evolve`` the state, deriving node commands from the state *before* each event.
 5. publish job events to ``gpuquota.job-state`` (key job id) and node commands to
    ``gpuquota.node-commands`` (key node id); each record carries its event id (``event_id``), and a
@@ -87,7 +88,7 @@ from gpuquota.scheduler.loop import (
     answers,
     decide_one,
 )
-from gpuquota.scheduler.pools import PoolRuntime, SnapshotPacing, Stats
+from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, SnapshotPacing, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
 from gpuquota.wire import inputs as inp
@@ -100,7 +101,15 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 _STALE_RETRIES = 3
 
-__all__ = ["JobStateRecord", "Outcome", "Pipeline", "PipelineFailed", "SourceRecord", "decode"]
+__all__ = [
+    "JobStateRecord",
+    "Outcome",
+    "Pipeline",
+    "PipelineFailed",
+    "PipelineSettings",
+    "SourceRecord",
+    "decode",
+]
 
 
 class Outcome(enum.Enum):
@@ -135,6 +144,9 @@ class _Item:
         return self.position.next_offset - 1
 
 
+_DEFAULTS = PipelineSettings()
+
+
 class Pipeline(SnapshotPacing):
     """Per-pool states of one scheduler worker; see the module docstring."""
 
@@ -142,33 +154,24 @@ class Pipeline(SnapshotPacing):
         self,
         store: EventStore,
         publisher: RecordPublisher,
+        settings: PipelineSettings = _DEFAULTS,
         *,
-        default_pool: str = "default",
-        snapshot_every: int = 1000,
-        snapshot_cpu_share: float = 0.05,
-        heartbeat_timeout_ms: int = 30_000,
-        tick_grace_seconds: float | None = None,
-        store_retry_seconds: float = 300.0,
-        retry_initial_seconds: float = 0.05,
-        retry_max_seconds: float = 2.0,
         clock: Clock = wall_clock_ms,
         owns: Callable[[str, int], bool] = lambda topic, partition: True,
         on_append: OnAppend | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
-        self.default_pool = default_pool
-        self.snapshot_every = max(1, snapshot_every)
-        self.snapshot_cpu_share = min(1.0, max(0.001, snapshot_cpu_share))
-        self.heartbeat_timeout_ms = heartbeat_timeout_ms
-        self.tick_grace_seconds = (
-            heartbeat_timeout_ms / 1000 if tick_grace_seconds is None else tick_grace_seconds
-        )
-        self.store_retry_seconds = store_retry_seconds
+        self.default_pool = settings.default_pool
+        self.snapshot_every = max(1, settings.snapshot_every)
+        self.snapshot_cpu_share = min(1.0, max(0.001, settings.snapshot_cpu_share))
+        self.heartbeat_timeout_ms = timeout_ms = settings.heartbeat_timeout_ms
+        grace = settings.tick_grace_seconds
+        self.tick_grace_seconds = timeout_ms / 1000 if grace is None else grace
         self.retry = RetryPolicy(
-            store_retry_seconds,
-            retry_initial_seconds,
-            retry_max_seconds,
+            settings.store_retry_seconds,
+            settings.retry_initial_seconds,
+            settings.retry_max_seconds,
             warn=log.warning,
             on_error=self._count_transient_error,
         )
