@@ -261,7 +261,7 @@ class Pipeline(SnapshotPacing):
     async def _decide_batch(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
         """Step each input on the live state, append them all in one transaction, then publish."""
         state = runtime.state
-        batch = StepBatch[_Item](answers(runtime.pool, self.clock))
+        batch: StepBatch[_Item] = StepBatch(answers(runtime.pool, self.clock))
         entries = batch.entries
         since = runtime.since_snapshot
         snapshot: Snapshot | None = None

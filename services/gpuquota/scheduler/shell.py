@@ -288,7 +288,7 @@ class SchedulerShell:
         started = time.perf_counter()
         if self._stale and not flight:
             await self._rebuild_state()
-        stepped = loop.StepBatch[Pending]()
+        stepped: loop.StepBatch[Pending] = loop.StepBatch()
         self._stale = True  # from the first step until the batch is recorded
         for index, pending in enumerate(batch):
             try:
