@@ -54,7 +54,7 @@ from benchmarks.report import print_result
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
-from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, SourceRecord
+from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineSettings, SourceRecord
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
     CapacityLimit,
@@ -403,7 +403,7 @@ async def recovery(events: int, snapshot_every: int) -> dict[str, Any]:
     pool = f"bench-{run}"
     async with infrastructure(need_kafka=False) as (_, database):
         writer = await PostgresEventStore.connect(database)
-        pipeline = Pipeline(writer, NullPublisher(), snapshot_every=snapshot_every)
+        pipeline = Pipeline(writer, NullPublisher(), PipelineSettings(snapshot_every=snapshot_every))
         messages: list[SchedulerInput] = [
             *setup_inputs(run, register_nodes=False),  # capacity but no node: every job stays queued
             *(submission(run, i) for i in range(events)),

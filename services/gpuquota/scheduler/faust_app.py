@@ -54,7 +54,7 @@ from gpuquota.adapters.partitioner import default_partition
 from gpuquota.observe.metrics import Timings
 from gpuquota.scheduler.faust_transport import RawSchema, SchedulerApp, batches
 from gpuquota.scheduler.loop import JobStateRecord
-from gpuquota.scheduler.pipeline import Pipeline, PipelineFailed
+from gpuquota.scheduler.pipeline import Pipeline, PipelineFailed, PipelineSettings
 from gpuquota.scheduler.records import SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
@@ -64,19 +64,14 @@ from gpuquota.wire.node_commands import NodeCommand
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig(PipelineSettings):
+    """The scheduler service: its pipeline's settings and its Kafka consumer's."""
+
     kafka: str
     database_url: str
     topics: KafkaTopics = field(default_factory=KafkaTopics)
-    default_pool: str = "default"
-    """The pool of records without a key."""
-    snapshot_every: int = 1000
     tick_seconds: float = 1.0
-    heartbeat_timeout_ms: int = 30_000
-    tick_grace_seconds: float | None = None
-    """Seconds after loading a pool before its first tick (default: the heartbeat timeout)."""
-    store_retry_seconds: float = 300.0
     commit_interval: float = 1.0
     data_dir: Path = Path(".gpuquota")
     partitions: int | None = None
@@ -217,17 +212,8 @@ class SchedulerService:
             self.store = await connect_store(cfg.database_url, cfg.store_retry_seconds)
         (cfg.data_dir / "faust").mkdir(parents=True, exist_ok=True)
         self.app = app = self._build_app()
-        self.pipeline = Pipeline(
-            self.store,
-            FaustPublisher(app, self.topics),
-            default_pool=cfg.default_pool,
-            snapshot_every=cfg.snapshot_every,
-            heartbeat_timeout_ms=cfg.heartbeat_timeout_ms,
-            tick_grace_seconds=cfg.tick_grace_seconds,
-            store_retry_seconds=cfg.store_retry_seconds,
-            owns=self._owns,
-            on_append=self.timings.appended,
-        )
+        publisher = FaustPublisher(app, self.topics)
+        self.pipeline = Pipeline(self.store, publisher, cfg, owns=self._owns, on_append=self.timings.appended)
         await app.start()
         log.info("scheduler started (group %s, topic %s)", self.topics.scheduler_group, self.topics.inputs)
 

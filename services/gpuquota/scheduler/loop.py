@@ -4,24 +4,36 @@ Theory of operation
 -------------------
 Both modes run every input through the same pieces, in the same order; only the driver around them
 differs (``shell.SchedulerShell`` answers callers in one process, ``pipeline.Pipeline`` handles Kafka
-records per pool with their positions, dead letters and snapshots):
+records per pool with their positions, dead letters and snapshots). The pieces, all in this module:
 
-1. **step**: ``decide`` and ``evolve`` on the live state in one pass (``core.step``), or ``decide``
-   alone when the input is appended on its own. ``Effects.before`` is the step's hook: just before an
-   event changes the state it derives what the event means outside the core, from the state it is
-   about to change: the node commands (``scheduler.commands``) and the job-state records to publish.
-   Quiet inputs (a tick or heartbeat that decided nothing) are not recorded (``recordable``).
-2. **append** through the ``EventStore`` port, a batch in one transaction (group commit), by the
-   ``Appender``: the loop's one append path. It retries a ``TransientStoreError`` with back-off for
-   at most ``RetryPolicy.seconds`` and then fails the loop (``LoopFailed``: fail fast, the supervisor
-   restarts the service and recovery is its normal start), recognises a retried append that had
-   committed in transit, and times every append (``on_append``: the metrics).
-3. **rebuild on failure**: while a batch is being appended the state is ahead of the log; if the
-   append fails the driver folds the log again (``adapters.log_fold.fold_log``, the one fold: from
-   the start in the embedded mode, from the latest snapshot in the distributed one).
-4. **publish** the effects through the ``Publisher`` port, in decision order and only once recorded:
+1. **one input** (``decide_one``): ``decide`` on the live state, append the input and its events
+   (unless it is quiet, below), then ``evolve`` each event, collecting its ``Effects``. Nothing
+   changes when the append fails (``DuplicateInput``: the driver skips the input).
+2. **a batch** (``StepBatch``, group commit): each input is ``step``ped on the live state (the core's
+   decide and evolve in one pass, ``core.step``: each input on the state its predecessors left), its
+   effects collected and, if recordable, its ``BatchEntry`` kept; the driver then appends every entry
+   in one transaction and publishes only once they are recorded. While the batch is being appended
+   the state is ahead of the log: a driver whose append fails rebuilds the state (3).
+   ``Effects.before`` is the step's hook: just before an event changes the state it derives what the
+   event means outside the core, from the state it is about to change: the node commands
+   (``scheduler.commands``), the job-state records to publish and, when the driver passes an
+   ``Answerer`` (the distributed mode: ``answers``), the input's result (``input_result``). Quiet
+   inputs (a tick or heartbeat that decided nothing) are not recorded (``recordable``).
+3. **append** through the ``EventStore`` port by the ``Appender``: the loop's one append path. It
+   retries a ``TransientStoreError`` with back-off for at most ``RetryPolicy.seconds`` and then fails
+   the loop (``LoopFailed``: fail fast, the supervisor restarts the service and recovery is its normal
+   start), recognises a retried append that had committed in transit, and times every append
+   (``on_append``: the metrics).
+4. **rebuild on failure**: if a batch's append fails the driver folds the log again
+   (``adapters.log_fold.fold_log``, the one fold: from the start in the embedded mode, from the latest
+   snapshot in the distributed one) and decides the inputs that were not recorded again.
+5. **publish** the effects through the ``Publisher`` port, in decision order and only once recorded:
    the embedded mode's in-process publisher (``shell.LocalPublisher``: node agents in the process,
    job-state subscribers), the distributed mode's Kafka publisher (``faust_app.FaustPublisher``).
+
+What stays in the drivers is their own: the shell's answers to callers, its two batches in flight and
+its redo one input at a time after a failed append; the pipeline's Kafka positions, skipped and
+duplicate records, dead letters, snapshots at exact sequences and reload-and-redo after a duplicate.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from gpuquota.adapters.event_store import (
     BatchEntry,
@@ -39,7 +51,7 @@ from gpuquota.adapters.event_store import (
     Position,
     TransientStoreError,
 )
-from gpuquota.core import ClusterState
+from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.scheduler.commands import node_commands
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -49,6 +61,7 @@ from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
 
 _T = TypeVar("_T")
+_I = TypeVar("_I")
 ShareKey = tuple[str, str]
 OnAppend = Callable[[float, int], None]
 """Called with the seconds an append took and the number of records it wrote."""
@@ -113,24 +126,45 @@ def input_result(
     return [] if answer is None else [answer]
 
 
+Answerer = Callable[[SchedulerInput, Sequence[SchedulerEvent]], list[InputResult]]
+"""The results of one recorded input: the distributed mode's (its producers wait for them on
+``gpuquota.input-results``); the embedded shell answers its callers itself and has none."""
+
+
+def answers(pool: str, clock: Callable[[], int]) -> Answerer:
+    """The ``Answerer`` of ``pool``: each input's result, stamped with ``clock()`` when decided."""
+
+    def answer(message: SchedulerInput, events: Sequence[SchedulerEvent]) -> list[InputResult]:
+        return input_result(message, events, pool, clock())
+
+    return answer
+
+
 class Effects:
     """What recorded events mean outside the core, collected in decision order.
 
     ``before`` is the hook ``core.step`` calls just before each event is applied; ``cause`` is the
-    event id of the input being stepped (the header of its job-state records).
+    event id of the input being stepped (the header of its job-state records); ``answer``, if given,
+    makes each recorded input's results (``answered``).
     """
 
-    __slots__ = ("cause", "commands", "records", "results")
+    __slots__ = ("answer", "cause", "commands", "records", "results")
 
-    def __init__(self) -> None:
+    def __init__(self, answer: Answerer | None = None) -> None:
         self.records: list[JobStateRecord] = []
         self.commands: list[NodeCommand] = []
         self.results: list[InputResult] = []
         self.cause = ""
+        self.answer = answer
 
     def before(self, state: ClusterState, event: SchedulerEvent) -> None:
         self.records.extend(job_state(state, event, self.cause))
         self.commands.extend(node_commands(state, event))
+
+    def answered(self, message: SchedulerInput, events: Sequence[SchedulerEvent]) -> None:
+        """Collect the results of ``message``, recorded with ``events`` (with an ``answer`` only)."""
+        if self.answer is not None:
+            self.results.extend(self.answer(message, events))
 
     def __bool__(self) -> bool:
         return bool(self.records or self.commands or self.results)
@@ -140,6 +174,88 @@ class Effects:
         if not self:
             return []
         return await publisher.publish(self.records, self.commands, self.results)
+
+
+@dataclass(slots=True)
+class Decided:
+    """One input decided, recorded (unless quiet) and applied, by ``decide_one``."""
+
+    events: list[SchedulerEvent]
+    effects: Effects
+    seq: int | None
+    """The log's last sequence after the append; None: a quiet input, not recorded."""
+
+
+async def decide_one(
+    appender: Appender,
+    pool: str,
+    seq: int,
+    state: ClusterState,
+    message: SchedulerInput,
+    position: Position | None = None,
+    answer: Answerer | None = None,
+) -> Decided:
+    """Decide ``message`` on ``state``, record it after ``seq`` (unless quiet), then apply its events.
+
+    The state changes only once the input is recorded: a failed append (``DuplicateInput``: recorded
+    before; an unreachable store, after the retries) is raised with the state as it was.
+    """
+    events = decide(state, message)
+    effects = Effects(answer)
+    if not recordable(message, events):
+        return Decided(events, effects, None)
+    seq = await appender.append(pool, seq, message, events, position)
+    effects.cause = message.event_id
+    effects.answered(message, events)
+    for event in events:
+        effects.before(state, event)
+        evolve(state, event)
+    return Decided(events, effects, seq)
+
+
+class StepBatch(Generic[_I]):
+    """Inputs stepped one after another on the live state: what to append in one transaction
+    (``entries``) and what to publish once it is recorded (``effects``), in decision order.
+
+    ``decided`` holds every item stepped with its events, ``recorded`` the items of ``entries`` and
+    ``quiet`` those not recorded (``recordable``); an item is the driver's own (an input with its
+    caller's answer, a Kafka record).
+    """
+
+    __slots__ = ("decided", "effects", "entries", "quiet", "recorded")
+
+    def __init__(self, answer: Answerer | None = None) -> None:
+        self.effects = Effects(answer)
+        self.decided: list[tuple[_I, list[SchedulerEvent]]] = []
+        self.recorded: list[_I] = []
+        self.quiet: list[_I] = []
+        self.entries: list[BatchEntry] = []
+
+    def step(
+        self, state: ClusterState, item: _I, message: SchedulerInput, position: Position | None = None
+    ) -> bool:
+        """Decide and apply ``message`` on ``state`` (the log is behind until the batch is appended);
+        whether it is to be recorded.
+
+        If the core raises, the input's effects are dropped and the error raised: the state may have
+        changed half-way, and the driver must rebuild it from the log.
+        """
+        effects = self.effects
+        effects.cause = message.event_id
+        records, commands = len(effects.records), len(effects.commands)
+        try:
+            events = step(state, message, effects.before)
+        except BaseException:
+            del effects.records[records:], effects.commands[commands:]
+            raise
+        self.decided.append((item, events))
+        if not recordable(message, events):
+            self.quiet.append(item)
+            return False
+        effects.answered(message, events)
+        self.entries.append((message, events, position))
+        self.recorded.append(item)
+        return True
 
 
 @dataclass

@@ -13,13 +13,14 @@ appended together (group commit, see "Batches"). ``handle(record)`` is a batch o
    processing continues with the next record.
 2. skip what is already decided: a record below the pool's recorded position (the next offset stored
    with its last decided input) was applied before a restart or rebalance.
-3. ``decide`` on the pool's state, then ``append`` the input, its events and the record's position in
-   one store transaction. ``DuplicateInput``: the same input was recorded before (a re-produced or
-   redelivered message): skip it. ``StaleWriter``: another worker wrote the pool: drop the state;
-   if the partition is still ours, rebuild it from the store and decide the record again, otherwise
-   stop (the partition moved; it is rebuilt when it is assigned here again).
-   ``TransientStoreError``: the store is unreachable: retry the same append with back-off and decide
-   nothing else meanwhile (the pool's lock is held), for at most ``store_retry_seconds``, then fail.
+3. ``decide`` on the pool's state (the loop's ``decide_one``, as the embedded shell), then ``append``
+   the input, its events and the record's position in one store transaction. ``DuplicateInput``: the
+   same input was recorded before (a re-produced or redelivered message): skip it. ``StaleWriter``:
+   another worker wrote the pool: drop the state; if the partition is still ours, rebuild it from the
+   store and decide the record again, otherwise stop (the partition moved; it is rebuilt when it is
+   assigned here again). ``TransientStoreError``: the store is unreachable: retry the same append with
+   back-off and decide nothing else meanwhile (the pool's lock is held), for at most
+   ``store_retry_seconds``, then fail.
 4. ``evolve`` the state, deriving node commands from the state *before* each event.
 5. publish job events to ``gpuquota.job-state`` (key job id) and node commands to
    ``gpuquota.node-commands`` (key node id); each record carries its event id (``event_id``), and a
@@ -39,17 +40,18 @@ Consumers therefore see each event at least once and de-duplicate by event id; n
 ``RunAttempt`` they already ran and a ``StopAttempt`` for an attempt they do not run.
 
 Batches: the records of one pool in a batch (below its recorded position: skipped; an input twice in the
-batch: the second is a duplicate) are decided one after another on the live state, each input's events
-evolved before the next is decided (node commands and job records derived from the state before each
-event), then appended with their positions by ONE ``append_many`` (one transaction, one round trip), and
-only then published, all in decision order; the agent acks the records afterwards. A snapshot due inside
-a batch is taken at its exact sequence (the state is dumped between inputs) and saved after the batch's
-publications are acknowledged; dumping a large state is paced (``_dump``). The state runs ahead of the
-log until the append commits, so any failure of the append drops the pool's state: ``DuplicateInput``
-(an input of the batch was recorded before: ``recorded_inputs`` names every such input, they are
-skipped) and ``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as
-above; ``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had
-committed). Nothing is published for a batch that is not recorded.
+batch: the second is a duplicate) are decided one after another on the live state (the loop's
+``StepBatch``, as the embedded shell's batches), each input's events evolved before the next is decided
+(node commands, job records and input results derived from the state before each event), then appended
+with their positions by ONE ``append_many`` (one transaction, one round trip), and only then published,
+all in decision order; the agent acks the records afterwards. A snapshot due inside a batch is taken at
+its exact sequence (the state is dumped between inputs) and saved after the batch's publications are
+acknowledged; dumping a large state is paced (``_dump``). The state runs ahead of the log until the
+append commits, so any failure of the append drops the pool's state: ``DuplicateInput`` (an input of the
+batch was recorded before: ``recorded_inputs`` names every such input, they are skipped) and
+``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as above;
+``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had committed).
+Nothing is published for a batch that is not recorded.
 
 Ticks (``tick()``) are decided directly through the same path (decide, append, publish) for the pools
 this worker holds, once a pool has been loaded for ``tick_grace_seconds``: a scheduler that was down
@@ -69,7 +71,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuquota.adapters.event_store import (
-    BatchEntry,
     DuplicateInput,
     EventStore,
     Position,
@@ -77,18 +78,17 @@ from gpuquota.adapters.event_store import (
     StaleWriter,
 )
 from gpuquota.clock import Clock, wall_clock_ms
-from gpuquota.core import decide, evolve, step
 from gpuquota.scheduler.loop import (
     Appender,
-    Effects,
     JobStateRecord,
     LoopFailed,
     OnAppend,
     RetryPolicy,
-    input_result,
-    recordable,
+    StepBatch,
+    answers,
+    decide_one,
 )
-from gpuquota.scheduler.pools import PoolRuntime, SnapshotPacing, Stats
+from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, SnapshotPacing, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
 from gpuquota.wire import inputs as inp
@@ -101,7 +101,15 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 _STALE_RETRIES = 3
 
-__all__ = ["JobStateRecord", "Outcome", "Pipeline", "PipelineFailed", "SourceRecord", "decode"]
+__all__ = [
+    "JobStateRecord",
+    "Outcome",
+    "Pipeline",
+    "PipelineFailed",
+    "PipelineSettings",
+    "SourceRecord",
+    "decode",
+]
 
 
 class Outcome(enum.Enum):
@@ -136,6 +144,9 @@ class _Item:
         return self.position.next_offset - 1
 
 
+_DEFAULTS = PipelineSettings()
+
+
 class Pipeline(SnapshotPacing):
     """Per-pool states of one scheduler worker; see the module docstring."""
 
@@ -143,33 +154,24 @@ class Pipeline(SnapshotPacing):
         self,
         store: EventStore,
         publisher: RecordPublisher,
+        settings: PipelineSettings = _DEFAULTS,
         *,
-        default_pool: str = "default",
-        snapshot_every: int = 1000,
-        snapshot_cpu_share: float = 0.05,
-        heartbeat_timeout_ms: int = 30_000,
-        tick_grace_seconds: float | None = None,
-        store_retry_seconds: float = 300.0,
-        retry_initial_seconds: float = 0.05,
-        retry_max_seconds: float = 2.0,
         clock: Clock = wall_clock_ms,
         owns: Callable[[str, int], bool] = lambda topic, partition: True,
         on_append: OnAppend | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
-        self.default_pool = default_pool
-        self.snapshot_every = max(1, snapshot_every)
-        self.snapshot_cpu_share = min(1.0, max(0.001, snapshot_cpu_share))
-        self.heartbeat_timeout_ms = heartbeat_timeout_ms
-        self.tick_grace_seconds = (
-            heartbeat_timeout_ms / 1000 if tick_grace_seconds is None else tick_grace_seconds
-        )
-        self.store_retry_seconds = store_retry_seconds
+        self.default_pool = settings.default_pool
+        self.snapshot_every = max(1, settings.snapshot_every)
+        self.snapshot_cpu_share = min(1.0, max(0.001, settings.snapshot_cpu_share))
+        self.heartbeat_timeout_ms = timeout_ms = settings.heartbeat_timeout_ms
+        grace = settings.tick_grace_seconds
+        self.tick_grace_seconds = timeout_ms / 1000 if grace is None else grace
         self.retry = RetryPolicy(
-            store_retry_seconds,
-            retry_initial_seconds,
-            retry_max_seconds,
+            settings.store_retry_seconds,
+            settings.retry_initial_seconds,
+            settings.retry_max_seconds,
             warn=log.warning,
             on_error=self._count_transient_error,
         )
@@ -259,25 +261,14 @@ class Pipeline(SnapshotPacing):
     async def _decide_batch(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
         """Step each input on the live state, append them all in one transaction, then publish."""
         state = runtime.state
-        entries: list[BatchEntry] = []
-        decided: list[_Item] = []
-        quiet: list[_Item] = []
-        effects = Effects()
-        before = effects.before
-        results = effects.results
+        batch: StepBatch[_Item] = StepBatch(answers(runtime.pool, self.clock))
+        entries = batch.entries
         since = runtime.since_snapshot
         snapshot: Snapshot | None = None
-
         try:
             for item in items:
-                effects.cause = item.message.event_id
-                events = step(state, item.message, before)  # decided and applied: the log is behind
-                if not recordable(item.message, events):
-                    quiet.append(item)
-                    continue
-                results.extend(input_result(item.message, events, runtime.pool, self.clock()))
-                entries.append((item.message, events, item.position))
-                decided.append(item)
+                if not batch.step(state, item, item.message, item.position):
+                    continue  # quiet: not recorded
                 since += 1
                 if self._snapshot_due(runtime, since):  # at its exact sequence, as one at a time would
                     snapshot = self._dump(runtime, runtime.seq + len(entries))
@@ -285,6 +276,7 @@ class Pipeline(SnapshotPacing):
         except BaseException:
             self.drop(runtime.pool)  # the state is ahead of the log
             raise
+        decided = batch.recorded
         if entries:
             try:
                 runtime.seq = await self.appender.append_many(runtime.pool, runtime.seq, entries)
@@ -295,13 +287,13 @@ class Pipeline(SnapshotPacing):
             except BaseException:
                 self.drop(runtime.pool)  # whether the batch was recorded, a reload will tell
                 raise
-        for item in quiet:
+        for item in batch.quiet:
             self.stats.quiet += 1
             done[item.index] = Outcome.QUIET
         for item in decided:
             runtime.positions[(item.position.topic, item.position.partition)] = item.position.next_offset
             done[item.index] = Outcome.DECIDED
-        runtime.inflight.extend(self._watch(await effects.publish(self.publisher)))
+        runtime.inflight.extend(self._watch(await batch.effects.publish(self.publisher)))
         self.stats.decided += len(decided)
         self.stats.batches += 1 if entries else 0
         runtime.since_snapshot = since
@@ -396,25 +388,21 @@ class Pipeline(SnapshotPacing):
     async def _decide(
         self, runtime: PoolRuntime, message: SchedulerInput, position: Position | None
     ) -> Outcome:
-        events = decide(runtime.state, message)
-        if not recordable(message, events):
-            self.stats.quiet += 1
-            return Outcome.QUIET
+        pool = runtime.pool
         try:
-            runtime.seq = await self.appender.append(runtime.pool, runtime.seq, message, events, position)
+            one = await decide_one(
+                self.appender, pool, runtime.seq, runtime.state, message, position, answers(pool, self.clock)
+            )
         except DuplicateInput:
             self.stats.duplicates += 1
             return Outcome.DUPLICATE
+        if one.seq is None:
+            self.stats.quiet += 1
+            return Outcome.QUIET
+        runtime.seq = one.seq
         if position is not None:
             runtime.positions[(position.topic, position.partition)] = position.next_offset
-        effects = Effects()
-        effects.cause = message.event_id
-        effects.results.extend(input_result(message, events, runtime.pool, self.clock()))
-        state = runtime.state
-        for event in events:
-            effects.before(state, event)
-            evolve(state, event)
-        runtime.inflight.extend(self._watch(await effects.publish(self.publisher)))
+        runtime.inflight.extend(self._watch(await one.effects.publish(self.publisher)))
         self.stats.decided += 1
         runtime.since_snapshot += 1
         if self._snapshot_due(runtime, runtime.since_snapshot):

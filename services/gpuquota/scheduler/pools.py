@@ -26,6 +26,26 @@ _CHEAP_DUMP_SECONDS = 0.02
 _MAX_DEFERRAL = 20
 
 
+@dataclass(frozen=True, kw_only=True)
+class PipelineSettings:
+    """How a ``Pipeline`` runs its pools (the scheduler service's ``SchedulerConfig`` extends it)."""
+
+    default_pool: str = "default"
+    """The pool of records without a key."""
+    snapshot_every: int = 1000
+    """Recorded inputs between two snapshots of a pool (at their exact sequence)."""
+    snapshot_cpu_share: float = 0.05
+    """At most this share of the time goes to dumping snapshots (``SnapshotPacing._dump``)."""
+    heartbeat_timeout_ms: int = 30_000
+    tick_grace_seconds: float | None = None
+    """Seconds after loading a pool before its first tick (default: the heartbeat timeout)."""
+    store_retry_seconds: float = 300.0
+    """How long an unreachable store is retried before the pipeline fails (``RetryPolicy``)."""
+    retry_initial_seconds: float = 0.05
+    retry_max_seconds: float = 2.0
+    """The back-off between two tries, from the first to the longest."""
+
+
 @dataclass
 class PoolRuntime:
     pool: str
@@ -44,16 +64,23 @@ class PoolRuntime:
 
 @dataclass
 class Stats:
+    """What the pipeline did since it started, by the ``Outcome`` of each record and more."""
+
     decided: int = 0
     quiet: int = 0
+    """Ticks and heartbeats that decided nothing (not recorded)."""
     duplicates: int = 0
     skipped: int = 0
+    """Records below their pool's recorded position (decided before a restart or rebalance)."""
     dead_letters: int = 0
     stale: int = 0
+    """Times another writer had appended to a pool's log (``StaleWriter``): its state was dropped."""
     transient_errors: int = 0
     snapshots: int = 0
     loads: int = 0
+    """Pools loaded (snapshot and log tail), at assignment or after their state was dropped."""
     republished: int = 0
+    """Publications made again by loads (a crash may have lost them)."""
     batches: int = 0
     """Batches of more than one input appended together."""
 

@@ -18,7 +18,7 @@ from gpuquota.adapters.log_fold import fold_log
 from gpuquota.adapters.snapshots import SnapshotError, load_state
 from gpuquota.clock import Clock
 from gpuquota.core import ClusterState
-from gpuquota.scheduler.loop import Effects, Publisher, input_result
+from gpuquota.scheduler.loop import Effects, Publisher, answers
 from gpuquota.scheduler.pools import PoolRuntime
 from gpuquota.wire.base import JobStatus
 from gpuquota.wire.events import SchedulerEvent
@@ -38,14 +38,14 @@ async def load_pool(
             state, seq = load_state(snapshot.state), snapshot.seq
         except SnapshotError as exc:
             log.warning("pool %s: ignoring snapshot at %d: %s", pool, snapshot.seq, exc)
-    effects = Effects()
+    effects = Effects(answers(pool, clock))
 
     def before(state: ClusterState, event: SchedulerEvent, record: Record) -> None:
         effects.cause = record.input.event_id
         effects.before(state, event)
 
     def answered(record: Record) -> None:
-        effects.results.extend(input_result(record.input, record.events, pool, clock()))
+        effects.answered(record.input, record.events)
 
     seq, tail = await fold_log(store, pool, state, seq, before=before, after=answered)
     runtime = PoolRuntime(pool, state, seq, await store.positions(pool))

@@ -3,21 +3,22 @@
 Theory of operation
 -------------------
 ``handle(message)`` is the only way in; an ``asyncio.Lock`` makes inputs one sequence. For each input
-the shell asks the core to ``decide``, appends the input and its events to the event store (the log is
-the truth: nothing acts on a decision before it is recorded), then applies each event: it derives the
-event's node commands from the state *before* the event (``loop.Effects``), ``evolve``s the state and
-folds the event into the read model. Node commands and job-state events are published through the
-loop's ``Publisher`` port: here the in-process ``LocalPublisher``, an outbox drained by one delivery
-task, in decision order; delivering outside the lock lets a node agent's ``deliver`` feed reports back
-into ``handle`` without deadlock.
+the shell runs the loop's ``decide_one``: the core ``decide``s, the input and its events are appended to
+the event store (the log is the truth: nothing acts on a decision before it is recorded), then each
+event is applied: its node commands are derived from the state *before* the event (``loop.Effects``) and
+the state ``evolve``s; the shell then folds the events into the read model. Node commands and job-state
+events are published through the loop's ``Publisher`` port: here the in-process ``LocalPublisher``, an
+outbox drained by one delivery task, in decision order; delivering outside the lock lets a node agent's
+``deliver`` feed reports back into ``handle`` without deadlock.
 
 Group commit: every store appends several records in one transaction (``append_many``), so ``handle``
 queues its input and one drain task takes every input queued so far as a batch: it ``step``s them one
-after another on the live state (the core's decide and evolve in one pass, each input on the state its
-predecessors left; node commands come from the state just before each event), appends the batch in one
-transaction, and only then folds the events into the read model, queues the commands and answers the
-callers, in order. While a batch is being written the next one gathers, so a burst of requests costs one
-commit (and one hop to the store's thread) instead of one each.
+after another on the live state (the loop's ``StepBatch``, the same as the distributed pipeline's: the
+core's decide and evolve in one pass, each input on the state its predecessors left; node commands come
+from the state just before each event), appends the batch in one transaction, and only then folds the
+events into the read model, queues the commands and answers the callers, in order. While a batch is
+being written the next one gathers, so a burst of requests costs one commit (and one hop to the store's
+thread) instead of one each.
 
 Two batches in flight (``PIPELINE_DEPTH``): while one batch is being written the drain task decides the
 next on the state the first left, and starts its append at once; that append names the sequence the
@@ -61,7 +62,7 @@ from typing import Any, TypeVar
 from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.clock import Clock, wall_clock_ms
-from gpuquota.core import ClusterState, decide, evolve, step
+from gpuquota.core import ClusterState, evolve
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler import loop
 from gpuquota.scheduler.loop import Commands, Deliveries, JobStates, Results
@@ -77,6 +78,7 @@ M = TypeVar("M", bound=Message)
 NodeCommandSink = Callable[[NodeCommand], Awaitable[None]]
 EventSubscriber = Callable[[SchedulerEvent], Awaitable[None]]
 Answer = asyncio.Future[list[SchedulerEvent]]
+Pending = tuple[SchedulerInput, Answer]
 
 __all__ = ["Clock", "LocalPublisher", "SchedulerShell", "wall_clock_ms"]
 
@@ -89,8 +91,7 @@ behind the store's one thread, and make a failure redo more inputs one at a time
 class _Batch:
     """A batch stepped on the live state, its append (None: nothing to record) possibly in flight."""
 
-    decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]]
-    effects: loop.Effects
+    stepped: loop.StepBatch[Pending]
     append: asyncio.Task[int] | None
     started: float
 
@@ -169,7 +170,7 @@ class SchedulerShell:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._batching = group_commit
-        self._queued: list[tuple[SchedulerInput, Answer]] = []
+        self._queued: list[Pending] = []
         self._drainer: asyncio.Task[None] | None = None
         self._arrival: asyncio.Future[None] | None = None
         self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
@@ -218,20 +219,15 @@ class SchedulerShell:
 
     async def _handle_one(self, message: SchedulerInput) -> list[SchedulerEvent]:
         """One input on its own: decide, append, evolve, project (the lock is held)."""
-        events = decide(self.state, message)
-        if loop.recordable(message, events):
-            try:
-                self.seq = await self.appender.append(self.pool, self.seq, message, events)
-            except DuplicateInput:
-                return []
-        effects = loop.Effects()
-        state = self.state
-        for event in events:
-            effects.before(state, event)
-            evolve(state, event)
-        self._project(events)
-        await effects.publish(self.publisher)
-        return events
+        try:
+            one = await loop.decide_one(self.appender, self.pool, self.seq, self.state, message)
+        except DuplicateInput:
+            return []
+        if one.seq is not None:
+            self.seq = one.seq
+        self._project(one.events)
+        await one.effects.publish(self.publisher)
+        return one.events
 
     async def _drain(self) -> None:
         """Handle queued inputs batch by batch until none is left (the one task doing so).
@@ -245,7 +241,7 @@ class SchedulerShell:
                 if self._may_gather(flight):
                     await self._first_of(flight[0].append, self._arrival_or_new())
                     continue
-                batch: list[tuple[SchedulerInput, Answer]] = []
+                batch: list[Pending] = []
                 in_flight = list(flight)
                 try:
                     async with self._lock:
@@ -265,7 +261,7 @@ class SchedulerShell:
             for pending in flight:
                 if pending.append is not None:
                     pending.append.cancel()
-                for _, answer, _ in pending.decided:
+                for (_, answer), _ in pending.stepped.decided:
                     answer.cancel()
             for _, answer in self._queued:
                 answer.cancel()
@@ -287,46 +283,34 @@ class SchedulerShell:
         await asyncio.wait([w for w in waits if w is not None], return_when=asyncio.FIRST_COMPLETED)
         self._arrival = None
 
-    async def _decide_batch(
-        self, batch: list[tuple[SchedulerInput, Answer]], flight: deque[_Batch]
-    ) -> _Batch | None:
+    async def _decide_batch(self, batch: list[Pending], flight: deque[_Batch]) -> _Batch | None:
         """Step ``batch`` on the live state and start its append after the batches in ``flight``."""
         started = time.perf_counter()
         if self._stale and not flight:
             await self._rebuild_state()
-        decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]] = []
-        entries: list[tuple[SchedulerInput, Sequence[SchedulerEvent], None]] = []
-        effects = loop.Effects()
-        before = effects.before
+        stepped: loop.StepBatch[Pending] = loop.StepBatch()
         self._stale = True  # from the first step until the batch is recorded
-        for index, (message, answer) in enumerate(batch):
-            mark = len(effects.records), len(effects.commands)
+        for index, pending in enumerate(batch):
             try:
-                events = step(self.state, message, before)  # decided and applied: the log is behind
+                stepped.step(self.state, pending, pending[0])
             except Exception as exc:
-                del effects.records[mark[0] :], effects.commands[mark[1] :]
-                recovered = await self._recover_from_step(decided, flight)
-                answer.set_exception(exc)  # after the batches before it were answered
+                recovered = await self._recover_from_step(stepped, flight)
+                pending[1].set_exception(exc)  # after the batches before it were answered
                 if not recovered:
                     # a batch before this one failed: this one was decided on a wrong state
-                    rest = [(m, a) for m, a, _ in decided] + batch[index + 1 :]
+                    rest = [done for done, _ in stepped.decided] + batch[index + 1 :]
                     await self._handle_each(rest)
                     return None
-                continue
-            decided.append((message, answer, events))
-            if loop.recordable(message, events):
-                entries.append((message, events, None))
         append = None
-        if entries:
+        if stepped.entries:
+            entries = stepped.entries
             append = asyncio.create_task(self.appender.append_many(self.pool, self.seq, entries))
             self.seq += len(entries)
-        return _Batch(decided, effects, append, started)
+        return _Batch(stepped, append, started)
 
-    async def _recover_from_step(
-        self, decided: list[tuple[SchedulerInput, Answer, list[SchedulerEvent]]], flight: deque[_Batch]
-    ) -> bool:
+    async def _recover_from_step(self, stepped: loop.StepBatch[Pending], flight: deque[_Batch]) -> bool:
         """After a ``step`` that raised (it may have applied part of its events): settle the batches
-        in flight, fold the log again and re-apply ``decided``; False if one in flight failed."""
+        in flight, fold the log again and re-apply ``stepped``; False if one in flight failed."""
         failed = False
         while flight:
             failed = not await self._settle(flight.popleft(), flight) or failed
@@ -334,26 +318,27 @@ class SchedulerShell:
             return False
         await self._rebuild_state()
         self._stale = True
-        for _, _, done in decided:
+        for _, done in stepped.decided:
             for event in done:
                 evolve(self.state, event)
         return True
 
     async def _settle(self, batch: _Batch, later: deque[_Batch]) -> bool:
         """Wait for ``batch``'s append, then project, publish and answer it (False: it failed)."""
+        decided = batch.stepped.decided
         try:
             if batch.append is not None:
                 await batch.append
         except Exception as exc:
-            log.warning("a batch of %d inputs failed (%r); redone one at a time", len(batch.decided), exc)
+            log.warning("a batch of %d inputs failed (%r); redone one at a time", len(decided), exc)
             self._fail_if_fatal(exc)
             await self._redo_failed(batch, later)
             return False
         self._stale = bool(later)
-        for _, _, events in batch.decided:
+        for _, events in decided:
             self._project(events)
-        await batch.effects.publish(self.publisher)
-        for _, answer, events in batch.decided:
+        await batch.stepped.effects.publish(self.publisher)
+        for (_, answer), events in decided:
             if not answer.done():
                 answer.set_result(events)
         if self.on_step is not None:
@@ -372,7 +357,7 @@ class SchedulerShell:
             self._fail(loop.LoopFailed("an append committed after one before it had failed"))
         await self._rebuild_state()
         for batch in [failed, *after]:
-            pending = [(message, answer) for message, answer, _ in batch.decided]
+            pending = [done for done, _ in batch.stepped.decided]
             if self.failure is not None and batch is not failed:
                 for _, answer in pending:  # fail fast: not recorded, and the shell takes no more
                     if not answer.done():
@@ -383,7 +368,7 @@ class SchedulerShell:
     def _fail_answers(
         self,
         exc: Exception,
-        batch: list[tuple[SchedulerInput, Answer]],
+        batch: list[Pending],
         in_flight: list[_Batch],
         flight: deque[_Batch],
     ) -> None:
@@ -392,14 +377,14 @@ class SchedulerShell:
         for pending in in_flight + list(flight):
             if pending.append is not None:
                 pending.append.cancel()
-            answers.extend(answer for _, answer, _ in pending.decided)
+            answers.extend(answer for (_, answer), _ in pending.stepped.decided)
         flight.clear()
         self._stale = True
         for answer in answers:
             if not answer.done():
                 answer.set_exception(exc)
 
-    async def _handle_each(self, pending: list[tuple[SchedulerInput, Answer]]) -> None:
+    async def _handle_each(self, pending: list[Pending]) -> None:
         """Handle ``pending`` one input at a time, as without batches (after a failure)."""
         for message, answer in pending:
             if answer.done():

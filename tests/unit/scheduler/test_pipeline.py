@@ -10,7 +10,14 @@ import pytest
 
 from gpuquota.adapters.event_store import InMemoryEventStore, Position, TransientStoreError
 from gpuquota.core import fingerprint
-from gpuquota.scheduler.pipeline import JobStateRecord, Outcome, Pipeline, PipelineFailed, SourceRecord
+from gpuquota.scheduler.pipeline import (
+    JobStateRecord,
+    Outcome,
+    Pipeline,
+    PipelineFailed,
+    PipelineSettings,
+    SourceRecord,
+)
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.dead_letters import DeadLetter
@@ -93,9 +100,12 @@ def records(
 
 
 def pipeline(store: InMemoryEventStore, publisher: FakePublisher, **kwargs: Any) -> Pipeline:
-    kwargs.setdefault("retry_initial_seconds", 0.001)
-    kwargs.setdefault("retry_max_seconds", 0.002)
-    return Pipeline(store, publisher, **kwargs)
+    """A pipeline retrying at once; ``kwargs``: ``PipelineSettings`` and the constructor's own."""
+    names = PipelineSettings.__dataclass_fields__
+    settings = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
+    settings.setdefault("retry_initial_seconds", 0.001)
+    settings.setdefault("retry_max_seconds", 0.002)
+    return Pipeline(store, publisher, PipelineSettings(**settings), **kwargs)
 
 
 async def feed(p: Pipeline, items: Sequence[SourceRecord]) -> list[Outcome]:

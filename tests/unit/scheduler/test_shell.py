@@ -350,7 +350,7 @@ async def test_a_failed_batch_is_redone_one_input_at_a_time() -> None:
 async def test_an_input_that_fails_in_the_core_fails_alone(monkeypatch: Any) -> None:
     """The batch steps inputs on the live state: one that raises half-way (here: after its events were
     applied) is answered with the error and leaves no trace; the rest of its batch is decided as usual."""
-    import gpuquota.scheduler.shell as shell_module
+    import gpuquota.scheduler.loop as loop_module  # the step of every batch
 
     store = CountingStore()
     shell = SchedulerShell(store, clock=Clock(), tick_seconds=0)
@@ -364,7 +364,7 @@ async def test_an_input_that_fails_in_the_core_fails_alone(monkeypatch: Any) -> 
             raise RuntimeError("a bug in the core")
         return events
 
-    monkeypatch.setattr(shell_module, "step", failing_step)
+    monkeypatch.setattr(loop_module, "step", failing_step)
     messages = [shell.make(inp.SubmitJob, job=job("a")), bad, shell.make(inp.SubmitJob, job=job("b"))]
     outcomes = await asyncio.gather(*(shell.handle(m) for m in messages), return_exceptions=True)
     assert isinstance(outcomes[1], RuntimeError)

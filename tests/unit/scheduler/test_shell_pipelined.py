@@ -155,7 +155,7 @@ async def test_an_input_that_fails_in_the_core_beside_a_batch_in_flight_fails_al
     monkeypatch: Any,
 ) -> None:
     """The batch before settles first (its answers stay first), then the state is folded again."""
-    import gpuquota.scheduler.shell as shell_module
+    import gpuquota.scheduler.loop as loop_module  # the step of every batch
     from gpuquota.core import step as real_step
 
     store = GatedStore()
@@ -171,7 +171,7 @@ async def test_an_input_that_fails_in_the_core_beside_a_batch_in_flight_fails_al
             raise RuntimeError("a bug in the core")
         return events
 
-    monkeypatch.setattr(shell_module, "step", failing_step)
+    monkeypatch.setattr(loop_module, "step", failing_step)
     store.calls.clear()
     store.gate = asyncio.Event()
     answered: list[str] = []
