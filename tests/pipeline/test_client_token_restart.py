@@ -54,7 +54,9 @@ async def test_a_token_retried_on_a_restarted_gateway_makes_one_job(
     run = uuid.uuid4().hex[:10]
     topics, pool = KafkaTopics(f"ct{run}."), f"ct-{run}"
     await ensure_topics(kafka_bootstrap, topics, partitions=1)
-    config = SchedulerConfig(kafka_bootstrap, database_url, topics, default_pool=pool, data_dir=tmp_path)
+    config = SchedulerConfig(
+        kafka=kafka_bootstrap, database_url=database_url, topics=topics, default_pool=pool, data_dir=tmp_path
+    )
 
     def gateway() -> GatewayService:
         return GatewayService(
