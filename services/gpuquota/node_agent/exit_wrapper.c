@@ -51,33 +51,38 @@ static int write_all(int fd, const char *text, size_t length) {
     return 0;
 }
 
+/* `path` followed by `suffix` (the caller frees it), or NULL when out of memory. */
+static char *with_suffix(const char *path, const char *suffix) {
+    size_t size = strlen(path) + strlen(suffix) + 1;
+    char *name = malloc(size);
+    if (name != NULL) snprintf(name, size, "%s%s", path, suffix);
+    return name;
+}
+
+/* Writes `text` to `path` (created or truncated): 0 when all of it was written and the file closed. */
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return -1;
+    int failed = write_all(fd, text, strlen(text));
+    failed |= close(fd);
+    return failed;
+}
+
 /* Writes `text` to `path` whole or not at all: a reader never sees half a record. */
 static void write_atomically(const char *path, const char *text) {
-    size_t size = strlen(path) + 5;
-    char *tmp = malloc(size);
+    char *tmp = with_suffix(path, ".tmp");
     if (tmp == NULL) return;
-    snprintf(tmp, size, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-        int failed = write_all(fd, text, strlen(text));
-        failed |= close(fd);
-        if (failed == 0) rename(tmp, path);
-    }
+    if (write_file(tmp, text) == 0) rename(tmp, path);
     free(tmp);
 }
 
+/* EXIT_FILE.pid: the wrapper's pid, for an agent that restarts while the command runs. */
 static void write_pid_file(const char *exit_path) {
-    size_t size = strlen(exit_path) + 5;
-    char *path = malloc(size);
+    char *path = with_suffix(exit_path, ".pid");
     if (path == NULL) return;
-    snprintf(path, size, "%s.pid", exit_path);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-        char text[32];
-        int length = snprintf(text, sizeof text, "%ld", (long)getpid());
-        write_all(fd, text, (size_t)length);
-        close(fd);
-    }
+    char text[32];
+    snprintf(text, sizeof text, "%ld", (long)getpid());
+    write_file(path, text);
     free(path);
 }
 
