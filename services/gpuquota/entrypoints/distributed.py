@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore
@@ -30,6 +29,7 @@ from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
 from gpuquota.clock import wall_clock_ms
 from gpuquota.dirlock import DirectoryLock
+from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
@@ -45,8 +45,6 @@ from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.settings import GatewaySettings, SchedulerSettings
-from gpuquota.sim.estimate import estimating_explainer
-from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)
@@ -86,8 +84,7 @@ class GatewayService:
         self.projector: LogProjector | None = None
         self.producer: InputProducer | None = None
         self.gateway: Gateway | None = None
-        self._runner: web.AppRunner | None = None
-        self.explainer: EstimatingExplainer | None = None
+        self._front: GatewayFront | None = None
         self._tail: asyncio.Task[None] | None = None
         self.registry: CollectorRegistry | None = None
 
@@ -107,23 +104,20 @@ class GatewayService:
         self.producer = InputProducer(self.kafka, self.topics, client_id="gpuquota-gateway")
         await self.producer.start()
         port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
-        self.explainer = estimating_explainer(lambda: projector.state, self.read_model, wall_clock_ms)
+        front = self._front = GatewayFront(
+            self.host, self.port, lambda: projector.state, self.read_model, wall_clock_ms
+        )
         gateway = self.gateway = Gateway(
             self.read_model,
             port,
             pool=self.pool,
-            explainer=self.explainer,
+            explainer=front.explainer,
             auth=self.auth,
         )
-        self.explainer.start()
         self.registry = gateway_registry(gateway, lambda: projector.state)
         install(gateway, self.registry, self.probes(), lambda: projector.state)
         NodeRoutes(gateway, self.node_logs).install()
-        self._runner = web.AppRunner(gateway.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        if self.port == 0:
-            self.port = int(self._runner.addresses[0][1])
+        self.port = await front.serve(gateway)
 
     def probes(self) -> dict[str, Probe]:
         """``/health/ready``: the event log and the broker answer, the read model is caught up."""
@@ -139,11 +133,9 @@ class GatewayService:
         }
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self.explainer is not None:
-            await self.explainer.stop()
+        if self._front is not None:
+            await self._front.stop()
+            self._front = None
         await cancel(self._tail)
         self._tail = None
         if self.producer is not None:

@@ -17,13 +17,13 @@ import signal
 import sys
 from pathlib import Path
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
 from gpuquota.dirlock import DirectoryLock
+from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
@@ -38,8 +38,6 @@ from gpuquota.observe.startup import warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
-from gpuquota.sim.estimate import estimating_explainer
-from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
@@ -106,8 +104,7 @@ class EmbeddedStack:
         self.gateway: Gateway | None = None
         self.registry: CollectorRegistry | None = None
         self.agents: dict[str, NodeAgent] = {}
-        self._runner: web.AppRunner | None = None
-        self.explainer: EstimatingExplainer | None = None
+        self._front: GatewayFront | None = None
 
     @property
     def url(self) -> str:
@@ -130,27 +127,23 @@ class EmbeddedStack:
         log.info("recovered %d log records", folded)
         shell.node_command_sink = self._route
         shell.on_step = timings.step.observe
-        self.explainer = estimating_explainer(lambda: shell.state, shell.read_model, shell.clock)
+        front = self._front = GatewayFront(
+            self.host, self.port, lambda: shell.state, shell.read_model, shell.clock
+        )
         gateway = self.gateway = Gateway(
             shell.read_model,
             EmbeddedCommandPort(shell),
             clock=shell.clock,
-            explainer=self.explainer,
+            explainer=front.explainer,
             auth=self.auth,
         )
-        self.explainer.start()
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
         install(gateway, self.registry, probes, lambda: shell.state)
         work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
-        NodeRoutes(self.gateway, local).install()
-        self._runner = web.AppRunner(self.gateway.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        if self.port == 0:
-            self.port = int(self._runner.addresses[0][1])
+        NodeRoutes(gateway, local).install()
+        self.port = await front.serve(gateway)
         for node_id, slots in node_slots(self.nodes):
             agent = NodeAgent(
                 node_id,
@@ -178,11 +171,9 @@ class EmbeddedStack:
         await agent.deliver(command)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self.explainer is not None:
-            await self.explainer.stop()
+        if self._front is not None:
+            await self._front.stop()
+            self._front = None
         for agent in self.agents.values():
             await agent.stop()
         self.agents.clear()

@@ -1,0 +1,38 @@
+"""The gateway's front, as both assemblies (``embedded``, ``distributed``) start and stop it: its HTTP
+listener and the start-estimate explainer that its ``explain`` answers with (``gpuquota.sim.explainer``),
+whose sweeps run only while the gateway listens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuquota.core import ClusterState
+from gpuquota.gateway import Gateway
+from gpuquota.httpserver import HttpServer
+from gpuquota.readmodel import ReadModel
+from gpuquota.sim.estimate import estimating_explainer
+
+
+class GatewayFront:
+    """Give ``explainer`` to the ``Gateway``, then :meth:`serve` it; ``port`` 0 picks a free port."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        state: Callable[[], ClusterState],
+        read_model: ReadModel,
+        clock: Callable[[], int],
+    ) -> None:
+        self.server = HttpServer(host, port)
+        self.explainer = estimating_explainer(state, read_model, clock)
+
+    async def serve(self, gateway: Gateway) -> int:
+        """Keep the estimates ahead and listen; the port it listens on."""
+        self.explainer.start()
+        await self.server.serve(gateway.app())
+        return self.server.port
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.explainer.stop()
