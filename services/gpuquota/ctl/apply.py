@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.ctl.api import Api, CliError, poll
-from gpuquota.ctl.apply_doc import ApplyDoc, EnvironmentDoc, PolicyDoc, QueueDoc, ShareDoc
+from gpuquota.ctl.apply_doc import (
+    ApplyDoc,
+    EnvironmentDoc,
+    PolicyDoc,
+    QueueDoc,
+    ShareDoc,
+    capacity_limits,
+    environment_order,
+)
 
 READY_TIMEOUT = 15.0
 PENDING = ("CREATING", "UPDATING")
@@ -29,10 +37,6 @@ class Change:
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "action": self.action, "changes": self.details}
-
-
-def _limits(limits: dict[str, int]) -> list[dict[str, Any]]:
-    return [{"capacityUnit": u, "maxCapacity": n} for u, n in limits.items()]
 
 
 def _limit_map(items: list[dict[str, Any]]) -> dict[str, int]:
@@ -63,7 +67,7 @@ def _limit_changes(current: dict[str, Any], limits: dict[str, int], update: dict
     """Put changed capacity limits into ``update``; the changes as detail lines."""
     changes = _diff_limits(_limit_map(current.get("capacityLimits", [])), limits)
     if changes:
-        update["capacityLimits"] = _limits(limits)
+        update["capacityLimits"] = capacity_limits(limits)
     return changes
 
 
@@ -73,6 +77,26 @@ def _status(described: dict[str, Any] | None) -> str | None:
 
 def _tail(arn: str) -> str:
     return arn.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How the API names one kind of resource: ``create_{stem}`` and ``update_{stem}`` write it, the
+    update names it by its ``identity`` parameter, and a description holds its ARN under ``arn``."""
+
+    stem: str
+    identity: str
+    arn: str
+
+    @property
+    def label(self) -> str:
+        return self.stem.replace("_", " ")
+
+
+POLICY = Kind("scheduling_policy", "arn", "arn")
+ENVIRONMENT = Kind("service_environment", "serviceEnvironment", "serviceEnvironmentArn")
+QUEUE = Kind("job_queue", "jobQueue", "jobQueueArn")
+SHARE = Kind("quota_share", "quotaShareArn", "quotaShareArn")
 
 
 class Applier:
@@ -132,59 +156,49 @@ class Applier:
             raise CliError(f"{what} is {result[0]}")
 
     def _create(
-        self,
-        kind: str,
-        name: str,
-        operation: str,
-        describe: Callable[[dict[str, Any]], dict[str, Any] | None] | None,
-        tags: dict[str, str] | None,
-        /,
-        **fields: Any,
-    ) -> None:
-        """Create a resource (not in a dry run), wait until ``describe(created)`` says it is valid
-        (when given), and record the creation."""
+        self, kind: Kind, name: str, request: dict[str, Any], tags: dict[str, str] | None
+    ) -> dict[str, Any] | None:
+        """Create a resource (not in a dry run) and record the creation; what the API answered
+        (``None`` in a dry run)."""
+        created: dict[str, Any] | None = None
         if not self.dry_run:
-            created = self.api.call(operation, **fields, **({"tags": tags} if tags else {}))
-            if describe is not None:
-                self._wait_valid(lambda: _status(describe(created)), f"{kind} {name}")
-        self._record(kind, name, [], created=True)
+            created = self.api.call(f"create_{kind.stem}", **request, **({"tags": tags} if tags else {}))
+        self._record(kind.label, name, [], created=True)
+        return created
 
     def _update(
         self,
-        kind: str,
+        kind: Kind,
         name: str,
-        operation: str,
+        identity: str,
         describe: Callable[[], dict[str, Any] | None],
         update: dict[str, Any],
-        /,
-        **identity: Any,
     ) -> None:
         """Send ``update`` (if any, not in a dry run) and wait until the resource is valid again."""
         if update and not self.dry_run:
-            self.api.call(operation, **identity, **update)
-            self._wait_valid(lambda: _status(describe()), f"{kind} {name}")
+            self.api.call(f"update_{kind.stem}", **{kind.identity: identity}, **update)
+            self._wait_described(kind, name, describe)
+
+    def _wait_described(self, kind: Kind, name: str, describe: Callable[[], dict[str, Any] | None]) -> None:
+        self._wait_valid(lambda: _status(describe()), f"{kind.label} {name}")
+
+    def _retag(
+        self, kind: Kind, name: str, current: dict[str, Any], tags: dict[str, str] | None
+    ) -> list[str]:
+        """Make the tags of the resource ``current`` describes ``tags`` (``None``: leave them)."""
+        return self._tags(str(current[kind.arn]), current.get("tags", {}), tags)
 
     # ----- resources -------------------------------------------------------------------------
 
     def policy(self, doc: PolicyDoc) -> None:
         found = self.api.call("describe_scheduling_policies", arns=[doc.name])["schedulingPolicies"]
         if not found:
-            strategy = {"idleResourceAssignmentStrategy": doc.idleResourceAssignmentStrategy}
-            self._create(
-                "scheduling policy",
-                doc.name,
-                "create_scheduling_policy",
-                None,
-                doc.tags,
-                name=doc.name,
-                quotaSharePolicy=strategy,
-            )
+            self._create(POLICY, doc.name, doc.create_request(), doc.tags)
             return
         current = found[0]
         if "quotaSharePolicy" not in current:
             raise CliError(f"scheduling policy {doc.name} exists without a quotaSharePolicy")
-        details = self._tags(current["arn"], current.get("tags", {}), doc.tags)
-        self._record("scheduling policy", doc.name, details)
+        self._record(POLICY.label, doc.name, self._retag(POLICY, doc.name, current, doc.tags))
 
     def _describe_one(self, operation: str, listed: str, **query: Any) -> dict[str, Any] | None:
         """The first item ``operation`` lists under ``listed`` (``None`` if it lists none)."""
@@ -198,54 +212,26 @@ class Applier:
 
     def environment(self, doc: EnvironmentDoc) -> None:
         current = self._describe_environment(doc.name)
-        kind = "service environment"
         if current is None:
-            self._create(
-                kind,
-                doc.name,
-                "create_service_environment",
-                lambda _: self._describe_environment(doc.name),
-                doc.tags,
-                serviceEnvironmentName=doc.name,
-                serviceEnvironmentType="SAGEMAKER_TRAINING",
-                state=doc.state,
-                capacityLimits=_limits(doc.capacityLimits),
-            )
+            if self._create(ENVIRONMENT, doc.name, doc.create_request(), doc.tags) is not None:
+                self._wait_described(ENVIRONMENT, doc.name, lambda: self._describe_environment(doc.name))
             return
         update: dict[str, Any] = {}
         details = _state_change(current, doc.state, update)
         details += _limit_changes(current, doc.capacityLimits, update)
-        self._update(
-            kind,
-            doc.name,
-            "update_service_environment",
-            lambda: self._describe_environment(doc.name),
-            update,
-            serviceEnvironment=doc.name,
-        )
-        details += self._tags(current["serviceEnvironmentArn"], current.get("tags", {}), doc.tags)
-        self._record("service environment", doc.name, details)
+        self._update(ENVIRONMENT, doc.name, doc.name, lambda: self._describe_environment(doc.name), update)
+        details += self._retag(ENVIRONMENT, doc.name, current, doc.tags)
+        self._record(ENVIRONMENT.label, doc.name, details)
 
     def _describe_queue(self, name: str) -> dict[str, Any] | None:
         return self._describe_one("describe_job_queues", "jobQueues", jobQueues=[name])
 
     def queue(self, doc: QueueDoc, policy: str, environment: str) -> None:
         current = self._describe_queue(doc.name)
-        order = [{"order": 1, "serviceEnvironment": environment}]
         if current is None:
-            self._create(
-                "job queue",
-                doc.name,
-                "create_job_queue",
-                lambda _: self._describe_queue(doc.name),
-                doc.tags,
-                jobQueueName=doc.name,
-                jobQueueType="SAGEMAKER_TRAINING",
-                state=doc.state,
-                priority=doc.priority,
-                schedulingPolicyArn=policy,
-                serviceEnvironmentOrder=order,
-            )
+            request = doc.create_request(policy, environment)
+            if self._create(QUEUE, doc.name, request, doc.tags) is not None:
+                self._wait_described(QUEUE, doc.name, lambda: self._describe_queue(doc.name))
             return
         update: dict[str, Any] = {}
         details = _state_change(current, doc.state, update)
@@ -259,18 +245,11 @@ class Applier:
         environments = current.get("serviceEnvironmentOrder") or []
         current_env = _tail(str(environments[0]["serviceEnvironment"])) if environments else "-"
         if current_env != environment:
-            update["serviceEnvironmentOrder"] = order
+            update["serviceEnvironmentOrder"] = environment_order(environment)
             details.append(f"serviceEnvironment: {current_env} -> {environment}")
-        self._update(
-            "job queue",
-            doc.name,
-            "update_job_queue",
-            lambda: self._describe_queue(doc.name),
-            update,
-            jobQueue=doc.name,
-        )
-        details += self._tags(current["jobQueueArn"], current.get("tags", {}), doc.tags)
-        self._record("job queue", doc.name, details)
+        self._update(QUEUE, doc.name, doc.name, lambda: self._describe_queue(doc.name), update)
+        details += self._retag(QUEUE, doc.name, current, doc.tags)
+        self._record(QUEUE.label, doc.name, details)
 
     def _describe_share(self, arn: str) -> dict[str, Any] | None:
         try:
@@ -291,24 +270,11 @@ class Applier:
 
     def share(self, queue: str, doc: ShareDoc, current: dict[str, Any] | None) -> None:
         label = f"{queue}/{doc.name}"
-        sharing: dict[str, Any] = {"strategy": doc.strategy}
-        if doc.strategy == "LEND_AND_BORROW":
-            sharing["borrowLimit"] = -1 if doc.borrowLimit is None else doc.borrowLimit
-        preemption = {"inSharePreemption": doc.inSharePreemption}
+        sharing, preemption = doc.sharing(), doc.preemption()
         if current is None:
-            self._create(
-                "quota share",
-                label,
-                "create_quota_share",
-                lambda created: self._describe_share(str(created["quotaShareArn"])),
-                doc.tags,
-                quotaShareName=doc.name,
-                jobQueue=queue,
-                capacityLimits=_limits(doc.capacityLimits),
-                resourceSharingConfiguration=sharing,
-                preemptionConfiguration=preemption,
-                state=doc.state,
-            )
+            if (created := self._create(SHARE, label, doc.create_request(queue), doc.tags)) is not None:
+                created_arn = str(created["quotaShareArn"])
+                self._wait_described(SHARE, label, lambda: self._describe_share(created_arn))
             return
         arn = str(current["quotaShareArn"])
         update: dict[str, Any] = {}
@@ -324,18 +290,11 @@ class Applier:
             update["preemptionConfiguration"] = preemption
             details.append(f"inSharePreemption: {current_in_share} -> {doc.inSharePreemption}")
         details += _state_change(current, doc.state, update)
-        self._update(
-            "quota share",
-            label,
-            "update_quota_share",
-            lambda: self._describe_share(arn),
-            update,
-            quotaShareArn=arn,
-        )
+        self._update(SHARE, label, arn, lambda: self._describe_share(arn), update)
         if doc.tags is not None:
             described = self._describe_share(arn) or {}
             details += self._tags(arn, described.get("tags", {}), doc.tags)
-        self._record("quota share", label, details)
+        self._record(SHARE.label, label, details)
 
 
 def apply(api: Api, doc: ApplyDoc, *, dry_run: bool = False) -> list[Change]:

@@ -31,6 +31,15 @@ def _on_off(value: Any) -> Any:
     return value
 
 
+SAGEMAKER_TRAINING = "SAGEMAKER_TRAINING"
+"""The type of every service environment and job queue that ``apply`` creates."""
+
+
+def capacity_limits(limits: dict[str, int]) -> list[dict[str, Any]]:
+    """A document's ``{UNIT: N}`` as the API's ``capacityLimits``."""
+    return [{"capacityUnit": u, "maxCapacity": n} for u, n in limits.items()]
+
+
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -40,6 +49,11 @@ class PolicyDoc(_Doc):
     idleResourceAssignmentStrategy: Literal["FIFO"] = "FIFO"
     tags: dict[str, str] | None = None
 
+    def create_request(self) -> dict[str, Any]:
+        """The ``create_scheduling_policy`` parameters (but the tags)."""
+        strategy = {"idleResourceAssignmentStrategy": self.idleResourceAssignmentStrategy}
+        return {"name": self.name, "quotaSharePolicy": strategy}
+
 
 class EnvironmentDoc(_Doc):
     name: str = Field(min_length=1, max_length=128)
@@ -48,6 +62,15 @@ class EnvironmentDoc(_Doc):
     tags: dict[str, str] | None = None
 
     _state = field_validator("state", mode="before")(_on_off)
+
+    def create_request(self) -> dict[str, Any]:
+        """The ``create_service_environment`` parameters (but the tags)."""
+        return {
+            "serviceEnvironmentName": self.name,
+            "serviceEnvironmentType": SAGEMAKER_TRAINING,
+            "state": self.state,
+            "capacityLimits": capacity_limits(self.capacityLimits),
+        }
 
 
 class QueueDoc(_Doc):
@@ -59,6 +82,22 @@ class QueueDoc(_Doc):
     tags: dict[str, str] | None = None
 
     _state = field_validator("state", mode="before")(_on_off)
+
+    def create_request(self, policy: str, environment: str) -> dict[str, Any]:
+        """The ``create_job_queue`` parameters (but the tags), given its policy's ARN and its environment."""
+        return {
+            "jobQueueName": self.name,
+            "jobQueueType": SAGEMAKER_TRAINING,
+            "state": self.state,
+            "priority": self.priority,
+            "schedulingPolicyArn": policy,
+            "serviceEnvironmentOrder": environment_order(environment),
+        }
+
+
+def environment_order(environment: str) -> list[dict[str, Any]]:
+    """A job queue's ``serviceEnvironmentOrder``: its one service environment."""
+    return [{"order": 1, "serviceEnvironment": environment}]
 
 
 class ShareDoc(_Doc):
@@ -72,6 +111,28 @@ class ShareDoc(_Doc):
     tags: dict[str, str] | None = None
 
     _flags = field_validator("state", "inSharePreemption", mode="before")(_on_off)
+
+    def sharing(self) -> dict[str, Any]:
+        """The share's ``resourceSharingConfiguration``."""
+        sharing: dict[str, Any] = {"strategy": self.strategy}
+        if self.strategy == "LEND_AND_BORROW":
+            sharing["borrowLimit"] = -1 if self.borrowLimit is None else self.borrowLimit
+        return sharing
+
+    def preemption(self) -> dict[str, Any]:
+        """The share's ``preemptionConfiguration``."""
+        return {"inSharePreemption": self.inSharePreemption}
+
+    def create_request(self, queue: str) -> dict[str, Any]:
+        """The ``create_quota_share`` parameters (but the tags), in job queue ``queue``."""
+        return {
+            "quotaShareName": self.name,
+            "jobQueue": queue,
+            "capacityLimits": capacity_limits(self.capacityLimits),
+            "resourceSharingConfiguration": self.sharing(),
+            "preemptionConfiguration": self.preemption(),
+            "state": self.state,
+        }
 
     def spec(self, queue: str) -> QuotaShareSpec:
         """The wire spec this document asks for (its validation is the quota share's rules)."""
