@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.auth import Principal
@@ -63,6 +63,30 @@ def _retry(p: Params) -> tuple[int, tuple[ExitRule, ...]]:
     return attempts, tuple(rules)
 
 
+class AttemptPolicy(TypedDict):
+    """A submission's ``JobSpec`` fields that say how often its attempts may run and for how long."""
+
+    retry_attempts: int
+    evaluate_on_exit: tuple[ExitRule, ...]
+    preemption_retries: int | None
+    attempt_duration_seconds: int | None
+
+
+def _attempt_policy(p: Params) -> AttemptPolicy:
+    """``retryStrategy``, ``preemptionConfiguration`` and ``timeoutConfig`` of a submission."""
+    attempts, rules = _retry(p)
+    preemption = p.obj("preemptionConfiguration")
+    retries = None if preemption is None else preemption.integer("preemptionRetriesBeforeTermination", low=0)
+    timeout = p.obj("timeoutConfig")
+    duration = None if timeout is None else timeout.integer("attemptDurationSeconds", low=1)
+    return AttemptPolicy(
+        retry_attempts=attempts,
+        evaluate_on_exit=rules,
+        preemption_retries=retries,
+        attempt_duration_seconds=duration,
+    )
+
+
 async def submit(gw: Context, p: Params) -> dict[str, Any]:
     job_name = p.req_name("jobName")
     queue = gw.queue(p.req_string("jobQueue"))
@@ -78,11 +102,7 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
             "quotaShareName must be specified for a job queue that has a quota share scheduling policy"
         )
     priority = p.ranged("schedulingPriority", JobSpec, "priority") or 0
-    attempts, rules = _retry(p)
-    preemption = p.obj("preemptionConfiguration")
-    retries = None if preemption is None else preemption.integer("preemptionRetriesBeforeTermination", low=0)
-    timeout = p.obj("timeoutConfig")
-    duration = None if timeout is None else timeout.integer("attemptDurationSeconds", low=1)
+    attempt_policy = _attempt_policy(p)
     tags = p.tags() or {}
     token = p.string("clientToken")
     fingerprint = ""
@@ -106,14 +126,11 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
         unit=unit,
         count=count,
         created_at=gw.clock(),
-        retry_attempts=attempts,
-        evaluate_on_exit=rules,
-        preemption_retries=retries,
-        attempt_duration_seconds=duration,
         payload=payload,
         tags=tags,
         client_token=token,
         request_digest=fingerprint,
+        **attempt_policy,
     )
     message = gw.make(inp.SubmitJob, job=spec)
     job = gw.rm.pending_job(spec, message.event_id)
