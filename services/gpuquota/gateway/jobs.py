@@ -28,7 +28,15 @@ JOB_STATUSES = tuple(s.value for s in JobStatus)
 FILTERS = ("JOB_NAME", "BEFORE_CREATED_AT", "AFTER_CREATED_AT", "SHARE_IDENTIFIER", "QUOTA_SHARE_NAME")
 
 
-def _demand(payload: str) -> tuple[str, int]:
+class Demand(TypedDict):
+    """A submission's ``JobSpec`` fields that say what it runs on: ``count`` instances of ``unit``."""
+
+    unit: str
+    count: int
+
+
+def _demand(payload: str) -> Demand:
+    """The demand of a SageMaker ``serviceRequestPayload`` (its ``ResourceConfig``)."""
     if len(payload.encode()) > MAX_PAYLOAD_BYTES:
         raise ClientException("serviceRequestPayload must be at most 10 KiB")
     request = parse_json(payload, "serviceRequestPayload")
@@ -43,7 +51,7 @@ def _demand(payload: str) -> tuple[str, int]:
     if not unit:
         raise ClientException("serviceRequestPayload.ResourceConfig.InstanceType must not be empty")
     count = config.integer("InstanceCount", low=1)
-    return unit, 1 if count is None else count
+    return Demand(unit=unit, count=1 if count is None else count)
 
 
 def _retry(p: Params) -> tuple[int, tuple[ExitRule, ...]]:
@@ -92,7 +100,7 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
     queue = gw.queue(p.req_string("jobQueue"))
     p.enum("serviceJobType", ("SAGEMAKER_TRAINING",), required=True)
     payload = p.req_string("serviceRequestPayload")
-    unit, count = _demand(payload)
+    demand = _demand(payload)
     queue_name = queue.spec.name
     if p.has("shareIdentifier"):
         raise ClientException("shareIdentifier cannot be used with a job queue that has a quota share policy")
@@ -123,13 +131,12 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
         job_queue=queue_name,
         quota_share=share_name,
         priority=priority,
-        unit=unit,
-        count=count,
         created_at=gw.clock(),
         payload=payload,
         tags=tags,
         client_token=token,
         request_digest=fingerprint,
+        **demand,
         **attempt_policy,
     )
     message = gw.make(inp.SubmitJob, job=spec)
