@@ -479,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rate", type=float, default=100.0, help="submissions per second (default 100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to submit (default 10)")
-    parser.add_argument("--drain", type=float, default=10.0, help="end after this long without a dispatch")
+    idle = "end after this long with no dispatch and no input decided"
+    parser.add_argument("--drain", type=float, default=10.0, help=idle)
     parser.add_argument("--recovery", type=int, metavar="EVENTS", help="measure recovery over EVENTS events")
     parser.add_argument("--snapshot-every", type=int, default=1000, help="snapshot period (--recovery)")
     parser.add_argument("--windows", type=float, default=0.0, metavar="W", help="p99 per W-second window")
