@@ -8,8 +8,12 @@ watches ``gpuquota.job-state``. Reported:
 * ``jobs_per_s``: jobs that reached SCHEDULED, per second from the first submission to the last dispatch;
 * ``submit_to_scheduled_p50_ms`` / ``_p99_ms``: from just before the produce call to the moment the
   ``JobDispatched`` record is read here (wall clock of this process);
-* ``lost_jobs``: submitted jobs never seen SCHEDULED (the run ends when all are, or when no dispatch
-  came for ``--drain`` seconds);
+* ``lost_jobs``: submitted jobs never seen SCHEDULED (the run ends when all are, or when for ``--drain``
+  seconds no dispatch came and the scheduler decided no input: a saturated scheduler decides the
+  ``AttemptReport`` records that free slots only after the submissions queued before them in the pool's
+  partition, so its dispatches pause while it works off that backlog);
+* ``undecided_inputs``: records of the inputs topic the scheduler had not decided when the run ended
+  (0 unless it stopped reading: then ``lost_jobs`` are jobs it never got to);
 * ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job;
 * ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler;
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
@@ -50,6 +54,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from benchmarks.pipeline_drain import until_idle
 from benchmarks.report import print_result
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
@@ -191,6 +196,10 @@ class Watch:
         self.dispatch_ids: dict[str, set[str]] = {}
         self.first_submit = 0.0
         self.last_scheduled = 0.0
+        self.inputs_sent = 0
+        """Inputs produced: setup, submissions and the node player's reports."""
+        self.inputs_decided = 0
+        """The scheduler's recorded position in the pool's partition of the inputs topic."""
 
 
 async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
@@ -220,9 +229,13 @@ async def _started_consumer(kafka: str, topic: str) -> AIOKafkaConsumer:
     return consumer
 
 
-async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AIOKafkaProducer) -> None:
-    """Plays every node agent: each RunAttempt is answered at once with SUCCEEDED."""
+async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, watch: Watch) -> None:
+    """Plays every node agent: each RunAttempt is answered at once with SUCCEEDED. With a producer of
+    its own, as a node agent has: sharing the submissions' producer, a report waited behind their
+    batches (up to 15 s on a loaded machine) and no command was read meanwhile."""
     consumer = await _started_consumer(kafka, topics.node_commands)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka, enable_idempotence=True, linger_ms=2)
+    await producer.start()
     try:
         async for record in consumer:
             command = NODE_COMMAND_ADAPTER.validate_json(record.value or b"")
@@ -237,8 +250,10 @@ async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, producer: AI
                     exit_code=0,
                 )
                 await producer.send(topics.inputs, encode(report), key=pool.encode())
+                watch.inputs_sent += 1
     finally:
         await consumer.stop()
+        await producer.stop()
 
 
 async def _observe(kafka: str, topics: KafkaTopics, watch: Watch) -> None:
@@ -278,12 +293,13 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
         await producer.start()
         watch = Watch()
         tasks = [
-            asyncio.create_task(_answer_nodes(kafka, topics, pool, producer)),
+            asyncio.create_task(_answer_nodes(kafka, topics, pool, watch)),
             asyncio.create_task(_observe(kafka, topics, watch)),
         ]
         try:
             for message in setup_inputs(run):
                 await producer.send_and_wait(topics.inputs, encode(message), key=pool.encode())
+                watch.inputs_sent += 1
             total = int(rate * seconds)
             start = time.monotonic()
             watch.first_submit = time.time()
@@ -294,13 +310,9 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
                 message = submission(run, index)
                 watch.submitted[message.job.job_id] = time.time()
                 await producer.send(topics.inputs, encode(message), key=pool.encode())
+                watch.inputs_sent += 1
             await producer.flush()
-            # wait while dispatches keep coming (a saturated scheduler works off its backlog)
-            progress, idle_since = -1, time.monotonic()
-            while len(watch.scheduled) < total and time.monotonic() - idle_since < drain:
-                if len(watch.scheduled) != progress:
-                    progress, idle_since = len(watch.scheduled), time.monotonic()
-                await asyncio.sleep(0.1)  # polling for the last dispatches
+            await _drain(watch, total, drain, database, pool)
         finally:
             for task in tasks:
                 task.cancel()
@@ -323,6 +335,23 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
     return summary
 
 
+async def _drain(watch: Watch, total: int, drain: float, database: str, pool: str) -> None:
+    """Until every job is dispatched and every input decided, or the scheduler is idle (pipeline_drain)."""
+    store = await PostgresEventStore.connect(database, migrate=False)
+
+    async def progress() -> tuple[int, int]:
+        watch.inputs_decided = sum((await store.positions(pool)).values())  # its one partition
+        return len(watch.scheduled), watch.inputs_decided
+
+    def finished() -> bool:
+        return len(watch.scheduled) >= total and watch.inputs_decided >= watch.inputs_sent
+
+    try:
+        await until_idle(progress, finished, drain)
+    finally:
+        await store.close()
+
+
 def _summary(watch: Watch, rate: float, seconds: float, windows: float = 0.0) -> dict[str, Any]:
     latencies = sorted(
         (watch.scheduled[j] - t) * 1000 for j, t in watch.submitted.items() if j in watch.scheduled
@@ -337,6 +366,7 @@ def _summary(watch: Watch, rate: float, seconds: float, windows: float = 0.0) ->
         "submit_to_scheduled_p50_ms": round(_quantile(latencies, 0.50), 1),
         "submit_to_scheduled_p99_ms": round(_quantile(latencies, 0.99), 1),
         "lost_jobs": sum(1 for j in watch.submitted if j not in watch.scheduled),
+        "undecided_inputs": max(0, watch.inputs_sent - watch.inputs_decided),
         "duplicate_dispatches": sum(len(ids) - 1 for ids in watch.dispatch_ids.values()),
         **(_windows(watch, windows) if windows > 0 else {}),
     }
@@ -449,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rate", type=float, default=100.0, help="submissions per second (default 100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to submit (default 10)")
-    parser.add_argument("--drain", type=float, default=10.0, help="end after this long without a dispatch")
+    idle = "end after this long with no dispatch and no input decided"
+    parser.add_argument("--drain", type=float, default=10.0, help=idle)
     parser.add_argument("--recovery", type=int, metavar="EVENTS", help="measure recovery over EVENTS events")
     parser.add_argument("--snapshot-every", type=int, default=1000, help="snapshot period (--recovery)")
     parser.add_argument("--windows", type=float, default=0.0, metavar="W", help="p99 per W-second window")
