@@ -132,25 +132,30 @@ class Server:
             self.process.wait()
 
 
+def create_queue(batch: Any, queue: str, unit: str, capacity: int) -> None:
+    """Scheduling policy ``policy``, service environment ``se`` (``capacity`` x ``unit``) and ``queue``."""
+    batch.create_scheduling_policy(name="policy", quotaSharePolicy={"idleResourceAssignmentStrategy": "FIFO"})
+    batch.create_service_environment(
+        serviceEnvironmentName="se",
+        serviceEnvironmentType="SAGEMAKER_TRAINING",
+        capacityLimits=[{"capacityUnit": unit, "maxCapacity": capacity}],
+    )
+    batch.create_job_queue(
+        jobQueueName=queue,
+        priority=1,
+        jobQueueType="SAGEMAKER_TRAINING",
+        schedulingPolicyArn="arn:aws:batch:us-east-1:000000000000:scheduling-policy/policy",
+        serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
+    )
+
+
 def setup(url: str) -> None:
     import boto3
 
     batch = boto3.client(
         "batch", endpoint_url=url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
     )
-    batch.create_scheduling_policy(name="policy", quotaSharePolicy={"idleResourceAssignmentStrategy": "FIFO"})
-    batch.create_service_environment(
-        serviceEnvironmentName="se",
-        serviceEnvironmentType="SAGEMAKER_TRAINING",
-        capacityLimits=[{"capacityUnit": UNIT, "maxCapacity": 3}],
-    )
-    batch.create_job_queue(
-        jobQueueName=QUEUE,
-        priority=1,
-        jobQueueType="SAGEMAKER_TRAINING",
-        schedulingPolicyArn="arn:aws:batch:us-east-1:000000000000:scheduling-policy/policy",
-        serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
-    )
+    create_queue(batch, QUEUE, UNIT, 3)
     for name, strategy, borrow, in_share in (
         ("QS1", "LEND_AND_BORROW", 200, "ENABLED"),
         ("QS2", "LEND", None, "DISABLED"),

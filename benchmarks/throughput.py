@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gateway import Server
+from benchmarks.gateway import Server, create_queue
 from benchmarks.report import print_result
 
 UNIT = "ml.g5.xlarge"
@@ -64,19 +64,7 @@ def batch_client(url: str) -> Any:
 
 def setup(url: str, slots: int) -> None:
     batch = batch_client(url)
-    batch.create_scheduling_policy(name="policy", quotaSharePolicy={"idleResourceAssignmentStrategy": "FIFO"})
-    batch.create_service_environment(
-        serviceEnvironmentName="se",
-        serviceEnvironmentType="SAGEMAKER_TRAINING",
-        capacityLimits=[{"capacityUnit": UNIT, "maxCapacity": slots}],
-    )
-    batch.create_job_queue(
-        jobQueueName=QUEUE,
-        priority=1,
-        jobQueueType="SAGEMAKER_TRAINING",
-        schedulingPolicyArn="arn:aws:batch:us-east-1:000000000000:scheduling-policy/policy",
-        serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": "se"}],
-    )
+    create_queue(batch, QUEUE, UNIT, slots)
     half = slots // 2
     for name, sharing, limit in (
         (BORROW, {"strategy": "LEND_AND_BORROW", "borrowLimit": -1}, slots - half),

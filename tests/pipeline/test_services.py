@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,19 +17,24 @@ from tests.pipeline.services import ServiceProcess, Services, batch_client, free
 pytestmark = pytest.mark.integration
 
 
-async def test_three_services_run_a_job_to_success(services: Services, run_id: str) -> None:
-    port = free_port()
-    running = [services.scheduler(), services.gateway(port), services.node_agent(f"node-{run_id}")]
-    await asyncio.gather(*(service.start() for service in running))
-    batch = batch_client(f"http://127.0.0.1:{port}")
+async def run_one_job(batch: Any, share: str) -> None:
+    """Set up the worked example through ``batch``, then run one short simulated job in ``share``."""
     await asyncio.to_thread(worked_example, batch)
     sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
-    job_id = await asyncio.to_thread(submit, batch, "train", "QS2", serviceRequestPayload=sim)
+    job_id = await asyncio.to_thread(submit, batch, "train", share, serviceRequestPayload=sim)
 
     async def succeeded() -> bool:
         return await asyncio.to_thread(status, batch, job_id) == "SUCCEEDED"
 
     await wait_until(succeeded, 30, "the job to succeed")
+
+
+async def test_three_services_run_a_job_to_success(services: Services, run_id: str) -> None:
+    port = free_port()
+    running = [services.scheduler(), services.gateway(port), services.node_agent(f"node-{run_id}")]
+    await asyncio.gather(*(service.start() for service in running))
+    batch = batch_client(f"http://127.0.0.1:{port}")
+    await run_one_job(batch, "QS2")
     assert all(service.alive for service in running)
     assert [await service.stop() for service in running] == [0, 0, 0]
 
@@ -50,14 +56,7 @@ async def test_gpuquota_up_distributed_mode(
         await up.start()
         assert up.ready_line == f"gpuquota ready on http://127.0.0.1:{port}"
         batch = batch_client(f"http://127.0.0.1:{port}")
-        await asyncio.to_thread(worked_example, batch)
-        sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
-        job_id = await asyncio.to_thread(submit, batch, "train", "QS1", serviceRequestPayload=sim)
-
-        async def succeeded() -> bool:
-            return await asyncio.to_thread(status, batch, job_id) == "SUCCEEDED"
-
-        await wait_until(succeeded, 30, "the job to succeed")
+        await run_one_job(batch, "QS1")
         assert await up.stop() == 0
     except BaseException:
         print(up.tail())
