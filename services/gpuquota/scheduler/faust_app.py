@@ -4,14 +4,14 @@ Theory of operation
 -------------------
 The app (id ``<prefix>gpuquota-scheduler``, which is also the consumer group) has ONE agent with
 ``concurrency=1`` on ``gpuquota.scheduler.inputs`` (raw keys and values; pydantic decodes). It takes
-the records in batches (``faust_transport.batches``: all that arrived while the previous batch was
-handled, up to ``batch_max``, never waiting for more) and its loop body is
-``Pipeline.handle_batch(records)``: decode
-or dead-letter, decide each pool's records in order, append them with their positions in one
-transaction, publish. Within a partition records are handled strictly in order. The stream does not
-ack by itself (``noack``): the agent acks a batch's records once the loop body has returned, and faust
-commits acked offsets every ``commit_interval``; those committed offsets are only advisory: the
-store's recorded positions decide what was already applied (see ``pipeline``).
+the records getmany-style (``faust_transport.Inbox``: the consumer hands each fetched partition's
+records over in one piece, not one faust event per record) in batches (``Inbox.batches``: all that
+arrived while the previous batch was handled, up to ``batch_max``, never waiting for more), and its
+loop body is ``Pipeline.handle_batch(records)``: decode or dead-letter, decide each pool's records in
+order, append them with their positions in one transaction, publish. Within a partition records are
+handled strictly in order. The agent acks a batch's records once the loop body has returned
+(``Inbox.ack``), and faust commits acked offsets every ``commit_interval``; those committed offsets are
+only advisory: the store's recorded positions decide what was already applied (see ``pipeline``).
 
 A faust timer runs ``Pipeline.tick()`` every ``tick_seconds`` (ticks are decided directly, not sent
 through the topic). On partition assignment (faust passes the whole new assignment) the pools of the
@@ -30,7 +30,6 @@ scheduler, the gateway and node agents in one process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Coroutine, Sequence
@@ -52,10 +51,9 @@ from gpuquota.adapters.kafka import (
 )
 from gpuquota.adapters.partitioner import default_partition
 from gpuquota.observe.metrics import Timings
-from gpuquota.scheduler.faust_transport import RawSchema, SchedulerApp, batches
+from gpuquota.scheduler.faust_transport import RawSchema, SchedulerApp
 from gpuquota.scheduler.loop import JobStateRecord
 from gpuquota.scheduler.pipeline import Pipeline, PipelineFailed, PipelineSettings
-from gpuquota.scheduler.records import SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult
@@ -95,6 +93,8 @@ class SchedulerConfig(PipelineSettings):
     to the loop: a quarter of the scheduler's CPU at 1,000 jobs/s with 1 byte)."""
 
 
+_WAITING_BATCHES = 8
+"""Batches of records that may wait for the agent before the consumer stops fetching."""
 _PUBLISH_BATCH_BYTES = 512 * 1024
 """Most bytes in one produced batch (aiokafka's default: 16 KiB; the broker takes up to 1 MiB)."""
 
@@ -246,19 +246,13 @@ class SchedulerService:
 
         @app.agent(inputs, concurrency=1, name=f"{self.topics.prefix}scheduler")
         async def scheduler(stream: faust.StreamT[bytes]) -> None:
-            manual = cast(faust.Stream[bytes], stream).noack()  # acked once handled, below
-            async with contextlib.aclosing(batches(manual, max(1, cfg.batch_max), cfg.batch_linger)) as taken:
-                async for events in taken:
-                    records = [
-                        SourceRecord(m.topic, m.partition, m.offset, m.key, m.value or b"")
-                        for m in (event.message for event in events)
-                    ]
-                    started = time.perf_counter()
-                    if not await self._guard(self._pipeline().handle_batch(records)):
-                        return
-                    self.timings.step.observe(time.perf_counter() - started)
-                    for event in events:
-                        await manual.ack(event)
+            inbox = app.inbox(stream, most_waiting=_WAITING_BATCHES * max(1, cfg.batch_max))
+            async for records in inbox.batches(max(1, cfg.batch_max), cfg.batch_linger):
+                started = time.perf_counter()
+                if not await self._guard(self._pipeline().handle_batch(records)):
+                    return
+                self.timings.step.observe(time.perf_counter() - started)
+                inbox.ack(records)
 
         async def ticker() -> None:
             await self._guard(self._pipeline().tick())

@@ -1,4 +1,4 @@
-"""How the scheduler's faust app reads its inputs: prompt fetches, one race per fetch, batches.
+"""How the scheduler's faust app reads its inputs: prompt fetches, whole fetches handed over, batches.
 
 faust delivers records one at a time through layers of per-record work meant for many agents, codecs
 and sensors; the scheduler has one agent that reads raw bytes. These are the pieces of faust it
@@ -6,26 +6,31 @@ replaces (as faust 0.15.3 does them, minus what the scheduler does not use), eac
 py-spy on the scheduler at 1,000-2,000 jobs/s:
 
 * ``_PromptConsumerThread``: the broker holds a fetch at most ``fetch_max_wait_ms`` (faust: 1.5 s);
-* ``_PromptConsumer._drain_messages``: one wait per fetch, not per record;
-* ``SchedulerApp.create_event`` and ``RawSchema``: a record's event without faust's settings and codec
-  registries (``conf.Event`` is a settings look-up per record, and the ``raw`` codec a registry
-  look-up per key and value: together about 6 % of the scheduler's CPU at 2,000 jobs/s);
-* ``batches``: the agent takes what arrived while it handled the previous batch, in one go.
+* ``_PromptConsumer._drain_messages``: one wait per fetch, not per record; and the records of a topic
+  with an ``Inbox`` are handed over a partition's fetch at a time, as ``SourceRecord``s, without
+  faust's per-record message, event, channel put, stream step and ack (getmany-style);
+* ``Inbox.batches``: the agent takes what arrived while it handled the previous batch, in one go;
+  ``Inbox.ack`` acks a batch's offsets together;
+* ``RawSchema``: the topic's keys and values as bytes, without faust's codec registry.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, MutableMapping
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP, AppT, EventT
-from faust.types.tuples import Message
+from faust.types import TP, AppT
+from faust.types.tuples import Message, ack_lock
+from mode.utils.futures import notify
+
+from gpuquota.scheduler.records import SourceRecord
 
 
 class _PromptConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -54,41 +59,29 @@ class _PromptConsumer(faust_aiokafka.Consumer):
         return _PromptConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _drain_messages(self, fetcher: Any) -> None:
-        """faust's loop that hands fetched records to the streams, with one wait per fetch, not per record.
+        """faust's loop that hands fetched records over (``Consumer._drain_messages`` with its
+        ``getmany``), a fetch at a time.
 
-        faust races each record's delivery against "flow suspended" (``wait_first``: four tasks and an
-        ``asyncio.wait`` per record, the largest part of faust's per-record cost in the scheduler's
-        profile). Here one such race covers all the records of a fetch: a rebalance (flow suspended)
-        still abandons the delivery at once; records not delivered are not marked read, and the
-        rebalance seeks back to the committed offsets anyway. Otherwise as faust 0.15.3.
+        One race against "flow suspended" covers a whole fetch (faust: four tasks and an
+        ``asyncio.wait`` per record). A rebalance (flow suspended) still abandons the delivery at
+        once; records not delivered are not marked read, and the rebalance seeks back to the committed
+        offsets anyway. Otherwise as faust 0.15.3.
         """
         stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set
-        read_offset: MutableMapping[TP, int | None] = self._read_offset
-        acks_enabled_for = self.app.topics.acks_enabled_for
-
-        async def deliver(fetched: list[tuple[TP, Any]]) -> None:
-            for count, (tp, message) in enumerate(fetched, 1):
-                if not self.flow_active or message.generation_id != self.app.consumer_generation_id:
-                    return  # a rebalance began: what is left is fetched again after it
-                if count % 100 == 0:
-                    await asyncio.sleep(0)  # as faust: let other tasks run during a long fetch
-                offset, last = message.offset, read_offset[tp]
-                if last is None or offset >= last:
-                    if last and offset - last > 1 and acks_enabled_for(message.topic):
-                        await self._add_gap(tp, last + 1, offset)
-                    await self.callback(message)
-                    read_offset[tp] = offset
-
         try:
             while not (stopped() or fetcher_stopped()):
                 self.diag.set_flag(faust_consumer.CONSUMER_FETCHING)
-                fetched = [pair async for pair in self.getmany(timeout=1.0)]
+                fetched, active = await self._wait_next_records(1.0)
                 await self.sleep(0)  # as faust: a loop of empty fetches must not hold the loop
                 if self._commit_every is not None and self._n_acked >= self._commit_every:
                     self._n_acked = 0
                     await self.commit()
-                if fetched and not self.should_stop:
-                    await self.wait_first(deliver(fetched), self.suspend_flow.wait())
+                if self.should_stop:
+                    pass
+                elif not self.flow_active:
+                    await self._seek_back()  # as faust's getmany: the flow stopped during the fetch
+                elif fetched:
+                    await self.wait_first(self._deliver(fetched, active), self.suspend_flow.wait())
                 self.diag.unset_flag(faust_consumer.CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
             if not self.transport.app.should_stop:
@@ -104,83 +97,189 @@ class _PromptConsumer(faust_aiokafka.Consumer):
         finally:
             self.diag.unset_flag(faust_consumer.CONSUMER_FETCHING)
 
+    async def _seek_back(self) -> None:
+        """As faust's ``getmany`` when the flow stopped during a fetch: back to the committed offsets."""
+        try:
+            await self.perform_seek()
+        except Exception as exc:
+            self.log.warning(f"exception performing seek when flow not active {exc}")
+
+    async def _deliver(self, fetched: Mapping[TP, list[Any]], active: set[TP] | None) -> None:
+        app = self.app
+        generation = app.consumer_generation_id
+        inboxes = cast(SchedulerApp, app).inboxes
+        for tp, records in fetched.items():
+            if not self.flow_active or app.consumer_generation_id != generation:
+                return  # a rebalance began: what is left is fetched again after it
+            if active is not None and tp not in active and tp not in self._buffered_partitions:
+                continue
+            app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+            inbox = inboxes.get(tp.topic)
+            if inbox is None:
+                await self._deliver_each(tp, records, generation)
+            else:
+                await self._deliver_bulk(inbox, tp, records, generation)
+
+    async def _unread(self, tp: TP, records: list[Any]) -> AsyncIterator[Any]:
+        """The records not read yet (as faust: at or after the last offset read), noting faust's gaps
+        (offsets skipped by compaction or transaction markers count as acked for commits)."""
+        last = self._read_offset[tp]
+        gaps = self.app.topics.acks_enabled_for(tp.topic)
+        for record in records:
+            offset = record.offset
+            if last is None or offset >= last:
+                if last and offset - last > 1 and gaps:
+                    await self._add_gap(tp, last + 1, offset)
+                yield record
+                last = offset
+
+    async def _deliver_bulk(self, inbox: Inbox, tp: TP, records: list[Any], generation: int) -> None:
+        taken = [
+            SourceRecord(r.topic, r.partition, r.offset, r.key, r.value or b"")
+            async for r in self._unread(tp, records)
+        ]
+        if taken:
+            await inbox.put(_Chunk(generation, taken))
+            self._read_offset[tp] = taken[-1].offset
+
+    async def _deliver_each(self, tp: TP, records: list[Any], generation: int) -> None:
+        """faust's delivery, a record at a time, for a topic without an inbox (none in the scheduler)."""
+        count = 0
+        async for record in self._unread(tp, records):
+            if not self.flow_active or self.app.consumer_generation_id != generation:
+                return
+            count += 1
+            if count % 100 == 0:
+                await asyncio.sleep(0)  # as faust: let other tasks run during a long fetch
+            await self.callback(self._to_message(tp, record))
+            self._read_offset[tp] = record.offset
+
+    def ack_offsets(self, tp: TP, offsets: Iterable[int]) -> None:
+        """``Consumer.ack`` for records handed over without a faust message (an ``Inbox``'s): their
+        offsets may be committed (faust commits every ``broker_commit_interval``)."""
+        if not self.app.topics.acks_enabled_for(tp.topic):
+            return
+        with ack_lock:
+            committed = self._committed_offset[tp]
+            index = self._acked_index[tp]
+            new = [o for o in offsets if (committed is None or o >= committed) and o not in index]
+            index.update(new)
+            self._acked[tp].extend(new)
+            self._n_acked += len(new)
+        notify(self._waiting_for_ack)
+
+
+@dataclass(slots=True)
+class _Chunk:
+    generation: int
+    """The consumer generation it was fetched in: a chunk of an older one is not handed out."""
+    records: list[SourceRecord]
+
+
+class Inbox:
+    """The fetched records of one topic, waiting for its one agent: handed over a fetch at a time.
+
+    faust hands records over one at a time (per record a message, an event, a channel put, a stream
+    step and an ack: with the consumer's per-record work, about a fifth of the scheduler's CPU at
+    2,000 jobs/s). The scheduler's agent takes its topic's records getmany-style instead: the consumer
+    puts each fetched partition's unread records here in one piece (``_PromptConsumer``); the agent
+    takes batches (``batches``) and acks their offsets together once handled (``ack``). At most
+    ``most_waiting`` records wait: beyond that the consumer stops handing over (and so fetching) until
+    the agent takes some.
+    """
+
+    def __init__(self, app: SchedulerApp, topic: str, most_waiting: int) -> None:
+        self.app, self.topic, self.most_waiting = app, topic, most_waiting
+        self._chunks: deque[_Chunk] = deque()
+        self._waiting = 0
+        self._arrived = asyncio.Event()
+        self._taken = asyncio.Event()
+
+    async def put(self, chunk: _Chunk) -> None:
+        while self._waiting >= self.most_waiting:
+            self._taken.clear()
+            await self._taken.wait()  # backpressure: until the agent takes a batch
+        self._chunks.append(chunk)
+        self._waiting += len(chunk.records)
+        self._arrived.set()
+
+    async def batches(self, most: int, linger: float = 0.0) -> AsyncIterator[list[SourceRecord]]:
+        """The records in batches of up to ``most``: what arrived while the previous batch was handled.
+
+        Under load batches grow (group commit). Until ``linger`` seconds after the previous batch was
+        handed out, a batch that is not full waits for more (a short pause in which only reading runs
+        makes batches much larger on a busy machine); a record that arrives later is handed out at once.
+        """
+        handed_out = time.monotonic()
+        while True:
+            batch = self._take(most)
+            if not batch:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            if len(batch) < most and (left := handed_out + linger - time.monotonic()) > 0:
+                await asyncio.sleep(left)  # linger: let more records arrive
+                batch += self._take(most - len(batch))
+            yield batch
+            handed_out = time.monotonic()
+
+    def ack(self, batch: Sequence[SourceRecord]) -> None:
+        """Mark ``batch`` handled: its offsets may be committed."""
+        consumer = cast(_PromptConsumer, self.app.consumer)
+        offsets: dict[int, list[int]] = {}
+        for record in batch:
+            offsets.setdefault(record.partition, []).append(record.offset)
+        for partition, handled in offsets.items():
+            consumer.ack_offsets(TP(self.topic, partition), handled)
+
+    def _take(self, most: int) -> list[SourceRecord]:
+        """Up to ``most`` records waiting, in fetch order, without waiting. Chunks of an older consumer
+        generation (or while flow control is off, during a rebalance) are dropped, neither handled nor
+        acked, as faust's stream skips such records: the rebalance seeks back to the committed offsets."""
+        app, chunks = self.app, self._chunks
+        taken: list[SourceRecord] = []
+        while chunks and len(taken) < most:
+            chunk = chunks[0]
+            if not app.flow_control.is_active() or chunk.generation != app.consumer_generation_id:
+                chunks.popleft()
+                self._waiting -= len(chunk.records)
+                continue
+            room = most - len(taken)
+            if len(chunk.records) <= room:
+                chunks.popleft()
+                taken += chunk.records
+            else:
+                taken += chunk.records[:room]
+                del chunk.records[:room]
+        self._waiting -= len(taken)
+        if self._waiting < self.most_waiting:
+            self._taken.set()
+        return taken
+
 
 class SchedulerApp(faust.App):
     """The scheduler's faust app: its consumer's fetches wait at most ``fetch_max_wait_ms`` for
-    ``fetch_min_bytes``."""
+    ``fetch_min_bytes``, and hand the records of a topic with an ``Inbox`` over a fetch at a time."""
 
     fetch_max_wait_ms: int | None = None
     fetch_min_bytes: int | None = None
-    _make_event: Callable[..., EventT[Any]] | None = None
 
-    def create_event(self, key: Any, value: Any, headers: Any, message: Message) -> EventT[Any]:
-        """faust's, with the event class looked up once (``conf`` is a settings registry)."""
-        make = self._make_event
-        if make is None:
-            make = self._make_event = cast(Callable[..., EventT[Any]], self.conf.Event)
-        return make(self, key, value, headers, message)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inboxes: dict[str, Inbox] = {}
+
+    def inbox(self, stream: faust.StreamT[Any], most_waiting: int) -> Inbox:
+        """Subscribe ``stream``'s topic (as iterating the stream would) and have its records handed to
+        the returned ``Inbox`` instead of the stream."""
+        channel = cast(faust.TopicT, aiter(stream.channel))  # faust subscribes an iterated topic
+        (topic,) = channel.topics
+        inbox = self.inboxes[topic] = Inbox(self, topic, most_waiting)
+        return inbox
 
     def _new_transport(self) -> Any:
         transport = super()._new_transport()
         setattr(transport, "Consumer", _PromptConsumer)  # noqa: B010 (a ClassVar, set on this one)
         return transport
-
-
-async def batches(
-    stream: faust.StreamT[bytes], most: int, linger: float = 0.0
-) -> AsyncGenerator[list[EventT[bytes]], None]:
-    """The stream's events in batches of up to ``most``: what arrived while the previous one was handled.
-
-    Records wait in the stream's channel (faust's buffer) while a batch is handled; each batch takes
-    what is there (group commit), so under load batches grow. Until ``linger`` seconds after the
-    previous batch was handed out, a batch that is not full waits for more (a short pause in which
-    only reading runs makes batches much larger on a busy machine); a record that arrives later is
-    handed out at once. Only the first record of a batch is read through the stream when the channel
-    is empty (waiting for it); the rest are taken from the channel in one go (``_take_buffered``):
-    the stream's iterator costs a pass of the event loop per record. (``Stream.take_events``
-    instead stops reading while a batch is handled, and always waits its ``within``.)
-    """
-    stream_events = cast(AsyncGenerator[EventT[bytes], None], stream.events())
-    async with contextlib.aclosing(stream_events) as events:
-        handed_out = time.monotonic()
-        while True:
-            batch = _take_buffered(stream, most)
-            if not batch:
-                try:
-                    batch = [await anext(events)]  # the stream raises a channel error, or ends
-                except StopAsyncIteration:
-                    return
-                batch += _take_buffered(stream, most - 1)
-            if len(batch) < most and (left := handed_out + linger - time.monotonic()) > 0:
-                await asyncio.sleep(left)  # linger: let more records arrive
-                batch += _take_buffered(stream, most - len(batch))
-            yield batch
-            handed_out = time.monotonic()
-
-
-def _take_buffered(stream: faust.StreamT[bytes], most: int) -> list[EventT[bytes]]:
-    """Up to ``most`` events waiting in the stream's channel, without waiting, as the stream would.
-
-    What faust's stream iterator does per event, in bulk: records of an older consumer generation (or
-    while flow control is off, during a rebalance) are acked and skipped, and the rest are tracked as
-    pending acks. Stops at a channel error: the stream's iterator raises it with the next record.
-    """
-    app, queue = stream.app, cast(Any, stream.channel).queue
-    consumer = app.consumer
-    acking_topics = app.topics.acking_topics
-    taken: list[EventT[bytes]] = []
-    while len(taken) < most and not queue.empty() and not queue._errors:
-        event: EventT[bytes] = queue.get_nowait()
-        message = event.message
-        if not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id:
-            if event.ack():  # as the stream does: not handled here; a rebalance seeks back
-                app.sensors.on_message_out(message.tp, message.offset, message)
-            continue
-        if message.topic in acking_topics and not message.tracked:
-            message.tracked = True
-            consumer.track_message(message)
-        taken.append(event)
-    return taken
 
 
 class RawSchema(faust.Schema[bytes, bytes]):
