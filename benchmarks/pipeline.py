@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import os
 import resource
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.pipeline_drain import until_idle
-from benchmarks.pipeline_load import PoolSender, Watch, answer_nodes, observe, started_producer, submit
+from benchmarks.pipeline_load import PoolSender, Watch, play_nodes_and_observe, started_producer, submit
 from benchmarks.pipeline_workload import setup_inputs as setup_inputs
 from benchmarks.pipeline_workload import submission as submission
 from benchmarks.report import print_result
@@ -61,6 +62,7 @@ from benchmarks.server_cpu import ServerCpu, broker_pid, postmaster_pid
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
+from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineSettings, SourceRecord
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult
@@ -160,15 +162,14 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
         scheduler = await _scheduler_process(env, workdir / "scheduler.log")
         producer = await started_producer(kafka)
         watch, server_cpu = Watch(), ServerCpu(servers)
-        tasks = [
-            asyncio.create_task(answer_nodes(kafka, topics, pool, watch)),
-            asyncio.create_task(observe(kafka, topics, watch)),
-        ]
+        tasks = [asyncio.create_task(play_nodes_and_observe(kafka, topics, pool, watch))]
         try:
             for message in setup_inputs(run):
                 await producer.send_and_wait(topics.inputs, encode(message), key=pool.encode())
                 watch.inputs_sent += 1
             total = int(rate * seconds)
+            gc.set_threshold(*GC_THRESHOLDS)  # as ``gpuquota scheduler``: 4 full collections a run, not 0.1 s
+            gc.freeze()  # of start-up's objects, never freed
             server_cpu.start()
             await submit(await PoolSender.of(producer, topics.inputs, pool), run, rate, total, watch)
             await producer.flush()

@@ -20,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from json.decoder import scanstring
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import ConsumerRecord
 
-from benchmarks.pipeline_workload import job_id, now_ms, report_json, submission_json
+from benchmarks.pipeline_workload import job_id, report_json, submission_json
 from gpuquota.adapters.kafka import KafkaTopics, partition_for
+
+Record = ConsumerRecord[bytes, bytes]
 
 TICK_SECONDS = 0.005
 """Submissions due are sent every 5 ms: 10 records a batch at 2,000/s, 200 wake-ups a second."""
@@ -40,6 +43,8 @@ out the partitions whose records are being read parks on the idle ones, and ever
 and every observed dispatch waited up to that long. A node agent reads only its own partition."""
 FETCH_MIN_BYTES = 64 * 1024
 """A fetch waits (at most ``FETCH_WAIT_MS``) for this much: fewer fetches, less CPU for this process."""
+EVENT_ID_FIRST = '{"event_id":"'
+"""How ``encode`` starts a message: its event id first."""
 POLL_MS = 1000
 """How long ``getmany`` waits when nothing comes (it returns as soon as a fetch brings records)."""
 
@@ -74,19 +79,45 @@ class Watch:
         return sum(len(ids) for ids in self.more_dispatch_ids.values())
 
 
-def message_of_type(record: ConsumerRecord[bytes, bytes], kind: bytes) -> dict[str, Any] | None:
-    """The record's message as JSON if it is a ``kind``, else None (not parsed when a header says so)."""
+def record_type(record: Record) -> bytes | None:
+    """The ``type`` header's value (the message's kind), None without one."""
     for name, value in record.headers:
         if name == "type":
-            return json.loads(record.value or b"{}") if value == kind else None
+            return value
+    return None
+
+
+def message_of_type(record: Record, kind: bytes) -> dict[str, Any] | None:
+    """The record's message as JSON if it is a ``kind``, else None (not parsed when a header says so)."""
+    header = record_type(record)
+    if header is not None and header != kind:
+        return None
     message = json.loads(record.value or b"{}")
     return message if isinstance(message, dict) and message.get("type") == kind.decode() else None
 
 
-async def started_consumer(kafka: str, topic: str) -> AIOKafkaConsumer:
-    """A consumer of ``topic`` from its start that fetches as soon as there is something to read."""
+def dispatch_of(record: Record) -> tuple[str, str] | None:
+    """(job id, event id) of a ``JobDispatched`` record of ``gpuquota.job-state``, else None. The job id
+    is the record's key (the topic's key); the event id, the message's first field, is decoded alone
+    when the value starts with it (as ``encode`` writes it), the whole value otherwise."""
+    kind = record_type(record)
+    if kind is None or record.key is None:
+        message = message_of_type(record, b"JobDispatched")
+        return None if message is None else (message["job_id"], message["event_id"])
+    if kind != b"JobDispatched":
+        return None
+    value = (record.value or b"").decode()
+    if value.startswith(EVENT_ID_FIRST):
+        event_id: str = scanstring(value, len(EVENT_ID_FIRST))[0]
+    else:
+        event_id = json.loads(value)["event_id"]
+    return record.key.decode(), event_id
+
+
+async def started_consumer(kafka: str, *topics: str) -> AIOKafkaConsumer:
+    """A consumer of ``topics`` from their start that fetches as soon as there is something to read."""
     consumer = AIOKafkaConsumer(
-        topic,
+        *topics,
         bootstrap_servers=kafka,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=FETCH_WAIT_MS,
@@ -149,39 +180,40 @@ async def submit(sender: PoolSender, run: str, rate: float, total: int, watch: W
         await asyncio.sleep(max(TICK_SECONDS, next_due - time.monotonic()))  # pacing the submission rate
 
 
-async def answer_nodes(kafka: str, topics: KafkaTopics, pool: str, watch: Watch) -> None:
-    """Plays every node agent: each RunAttempt is answered at once with SUCCEEDED. With a producer of
-    its own, as a node agent has: sharing the submissions' producer, a report waited behind their
-    batches (up to 15 s on a loaded machine) and no command was read meanwhile."""
-    consumer = await started_consumer(kafka, topics.node_commands)
+async def play_nodes_and_observe(kafka: str, topics: KafkaTopics, pool: str, watch: Watch) -> None:
+    """Plays every node agent and watches ``gpuquota.job-state``, on one consumer of both topics (one
+    fetch for both: every fetch request and its answer cost this process CPU).
+
+    The node player answers each ``RunAttempt`` at once with SUCCEEDED, through a producer of its own,
+    as a node agent has: sharing the submissions' producer, a report waited behind their batches (up to
+    15 s on a loaded machine) and no command was read meanwhile. The observer records each job's
+    ``JobDispatched`` events and when the first was read back."""
+    consumer = await started_consumer(kafka, topics.node_commands, topics.job_state)
     producer = await started_producer(kafka)
     try:
         sender = await PoolSender.of(producer, topics.inputs, pool)
         while True:
             fetched = await consumer.getmany(timeout_ms=POLL_MS)
-            at = now_ms()
-            for records in fetched.values():
-                for record in records:
-                    if attempt := message_of_type(record, b"RunAttempt"):
-                        ids = attempt["attempt_id"], attempt["node_id"], attempt["job_id"]
-                        await sender.add(report_json(*ids, at))
-                        watch.inputs_sent += 1
+            read_at = time.time()
+            for partition, records in fetched.items():
+                if partition.topic == topics.node_commands:
+                    await _answer(records, sender, int(read_at * 1000), watch)
+                else:
+                    _observe(records, read_at, watch)
             await sender.send()
     finally:
         await consumer.stop()
         await producer.stop()
 
 
-async def observe(kafka: str, topics: KafkaTopics, watch: Watch) -> None:
-    """Reads ``gpuquota.job-state``: every job's ``JobDispatched`` events, and when the first was read."""
-    consumer = await started_consumer(kafka, topics.job_state)
-    try:
-        while True:
-            fetched = await consumer.getmany(timeout_ms=POLL_MS)
-            read_at = time.time()
-            for records in fetched.values():
-                for record in records:
-                    if event := message_of_type(record, b"JobDispatched"):
-                        watch.dispatched(event["job_id"], event["event_id"], read_at, record.timestamp / 1000)
-    finally:
-        await consumer.stop()
+async def _answer(records: list[Record], sender: PoolSender, at: int, watch: Watch) -> None:
+    for record in records:
+        if attempt := message_of_type(record, b"RunAttempt"):
+            await sender.add(report_json(attempt["attempt_id"], attempt["node_id"], attempt["job_id"], at))
+            watch.inputs_sent += 1
+
+
+def _observe(records: list[Record], read_at: float, watch: Watch) -> None:
+    for record in records:
+        if ids := dispatch_of(record):
+            watch.dispatched(*ids, read_at, record.timestamp / 1000)

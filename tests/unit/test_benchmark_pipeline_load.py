@@ -13,9 +13,11 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from benchmarks import server_cpu
-from benchmarks.pipeline_load import Watch, message_of_type
+from benchmarks.pipeline_load import Watch, dispatch_of, message_of_type
 from benchmarks.pipeline_workload import report, report_json, submission, submission_json
-from gpuquota.adapters.kafka import encode
+from gpuquota.adapters.kafka import encode, message_headers
+from gpuquota.wire.base import Placement
+from gpuquota.wire.events import JobDispatched
 from gpuquota.wire.inputs import AttemptReport, SubmitJob
 
 AT = 1_796_186_173_825
@@ -30,30 +32,30 @@ def test_a_submission_from_the_template_is_the_models_encoding(run: str, index: 
 
 
 @pytest.mark.parametrize(
-    ("attempt_id", "node_id", "job_id"),
+    ("attempt_id", "node_id", "job"),
     [
         ("abcd1234-job-7/1", "node-3", "abcd1234-job-7"),
         ('quote " and \\ back/slash', "nœud-\t1", "job-\u0001-é"),
     ],
 )
-def test_a_report_from_the_template_is_the_models_encoding(attempt_id: str, node_id: str, job_id: str) -> None:
-    written = report_json(attempt_id, node_id, job_id, AT)
-    model = report(attempt_id, node_id, job_id, AT)
+def test_a_report_from_the_template_is_the_models_encoding(attempt_id: str, node_id: str, job: str) -> None:
+    written = report_json(attempt_id, node_id, job, AT)
+    model = report(attempt_id, node_id, job, AT)
     assert written == encode(model)
     assert AttemptReport.model_validate_json(written) == model
 
 
-def record(value: bytes, headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
+def record(value: bytes, headers: list[tuple[str, bytes]], key: bytes = b"j") -> ConsumerRecord[bytes, bytes]:
     return ConsumerRecord(
         topic="t",
         partition=0,
         offset=0,
         timestamp=AT,
         timestamp_type=0,
-        key=b"k",
+        key=key,
         value=value,
         checksum=None,
-        serialized_key_size=1,
+        serialized_key_size=len(key),
         serialized_value_size=len(value),
         headers=headers,
     )
@@ -131,3 +133,37 @@ def test_the_cpu_between_two_readings_of_a_live_tree(monkeypatch: pytest.MonkeyP
     cpu.start()
     cpu.stop()
     assert cpu.seconds == {"broker": 2.5}
+
+
+def dispatched(event_id: str) -> JobDispatched:
+    placement = Placement(node_id="node-1", slots=(3,))
+    return JobDispatched(
+        event_id=event_id,
+        occurred_at=AT,
+        job_id="run-job-1",
+        attempt_id="run-job-1/1",
+        attempt_number=1,
+        unit="ml.g5.xlarge",
+        count=1,
+        placements=(placement,),
+        phase="IN_QUOTA",
+        borrowed=0,
+    )
+
+
+@pytest.mark.parametrize("event_id", ["run/submit/1/dispatch", 'with "quotes", \\ and é'])
+def test_a_published_dispatch_gives_its_job_id_and_event_id(event_id: str) -> None:
+    event = dispatched(event_id)
+    published = record(encode(event), message_headers(event), key=event.job_id.encode())
+    assert dispatch_of(published) == (event.job_id, event_id)
+
+
+def test_a_dispatch_is_read_from_its_value_when_the_event_id_is_not_first_or_there_is_no_header() -> None:
+    value = b'{"type":"JobDispatched","job_id":"j","event_id":"e"}'
+    assert dispatch_of(record(value, [("type", b"JobDispatched")])) == ("j", "e")
+    assert dispatch_of(record(value, [])) == ("j", "e")
+
+
+def test_other_job_state_records_are_not_dispatches() -> None:
+    assert dispatch_of(record(b"never read", [("type", b"JobAccepted")])) is None
+    assert dispatch_of(record(b'{"type":"JobSucceeded","job_id":"j","event_id":"e"}', [])) is None
