@@ -3,11 +3,15 @@
 Throughput run: a ``gpuquota scheduler`` process on a real broker and database; this process submits
 ``R`` jobs per second for ``S`` seconds (``SubmitJob`` straight to the inputs topic), plays the node
 agents (it answers every ``RunAttempt`` with an ``AttemptReport`` SUCCEEDED, so capacity is freed), and
-watches ``gpuquota.job-state``. Reported:
+watches ``gpuquota.job-state``. This process shares the machine with what it measures, so it does that
+at the least CPU it can (``benchmarks.pipeline_load``: records from templates, one record batch per
+10 ms of submissions and per fetch of node commands, one consumer for node commands and job states,
+only the ``JobDispatched`` records parsed). Reported:
 
 * ``jobs_per_s``: jobs that reached SCHEDULED, per second from the first submission to the last dispatch;
-* ``submit_to_scheduled_p50_ms`` / ``_p99_ms``: from just before the produce call to the moment the
-  ``JobDispatched`` record is read here (wall clock of this process);
+* ``submit_to_scheduled_p50_ms`` / ``_p99_ms``: from just before the submission is handed to the
+  producer to the moment the fetch that brought its ``JobDispatched`` record returned here (wall clock
+  of this process);
 * ``lost_jobs``: submitted jobs never seen SCHEDULED (the run ends when all are, or when for ``--drain``
   seconds no dispatch came and the scheduler decided no input: a saturated scheduler decides the
   ``AttemptReport`` records that free slots only after the submissions queued before them in the pool's
@@ -15,7 +19,11 @@ watches ``gpuquota.job-state``. Reported:
 * ``undecided_inputs``: records of the inputs topic the scheduler had not decided when the run ended
   (0 unless it stopped reading: then ``lost_jobs`` are jobs it never got to);
 * ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job;
-* ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler;
+* ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler
+  (``scheduler``), each over its whole life; and, when the benchmark started them itself, of the
+  broker's JVM (``broker``) and of all PostgreSQL's processes (``database``) from the first submission
+  to the end of the run (``benchmarks.server_cpu``; omitted for servers from the environment, which
+  may serve others too);
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),

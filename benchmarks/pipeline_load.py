@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from json.decoder import scanstring
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -30,7 +29,7 @@ from aiokafka.structs import ConsumerRecord
 from benchmarks.pipeline_workload import job_id, report_json, submission_json
 from gpuquota.adapters.kafka import KafkaTopics, partition_for
 
-Record = ConsumerRecord[bytes, bytes]
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
 TICK_SECONDS = 0.010
 """Submissions due are sent every 10 ms: 20 records a batch at 2,000/s. A produce request costs this
@@ -47,7 +46,8 @@ and every observed dispatch waited up to that long. A node agent reads only its 
 FETCH_MIN_BYTES = 64 * 1024
 """A fetch waits (at most ``FETCH_WAIT_MS``) for this much: fewer fetches, less CPU for this process."""
 EVENT_ID_FIRST = '{"event_id":"'
-"""How ``encode`` starts a message: its event id first."""
+"""How ``encode`` starts a message: its event id first (the string from the last character on)."""
+_DECODER = json.JSONDecoder()
 POLL_MS = 1000
 """How long ``getmany`` waits when nothing comes (it returns as soon as a fetch brings records)."""
 
@@ -86,7 +86,8 @@ def record_type(record: Record) -> bytes | None:
     """The ``type`` header's value (the message's kind), None without one."""
     for name, value in record.headers:
         if name == "type":
-            return value
+            kind: bytes = value
+            return kind
     return None
 
 
@@ -110,10 +111,10 @@ def dispatch_of(record: Record) -> tuple[str, str] | None:
     if kind != b"JobDispatched":
         return None
     value = (record.value or b"").decode()
+    first = None
     if value.startswith(EVENT_ID_FIRST):
-        event_id: str = scanstring(value, len(EVENT_ID_FIRST))[0]
-    else:
-        event_id = json.loads(value)["event_id"]
+        first = _DECODER.raw_decode(value, len(EVENT_ID_FIRST) - 1)[0]
+    event_id: str = first if isinstance(first, str) else json.loads(value)["event_id"]
     return record.key.decode(), event_id
 
 

@@ -162,6 +162,8 @@ def test_a_dispatch_is_read_from_its_value_when_the_event_id_is_not_first_or_the
     value = b'{"type":"JobDispatched","job_id":"j","event_id":"e"}'
     assert dispatch_of(record(value, [("type", b"JobDispatched")])) == ("j", "e")
     assert dispatch_of(record(value, [])) == ("j", "e")
+    spaced = b'{"event_id": "e", "type": "JobDispatched", "job_id": "j"}'
+    assert dispatch_of(record(spaced, [("type", b"JobDispatched")])) == ("j", "e")
 
 
 def test_other_job_state_records_are_not_dispatches() -> None:
