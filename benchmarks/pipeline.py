@@ -167,6 +167,7 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
             "GPUQUOTA_HEARTBEAT_SECONDS": "600",  # the benchmark sends no heartbeats
             "GPUQUOTA_LOG_LEVEL": "WARNING",
         }
+        children_cpu = _children_cpu()  # the scripts that started the servers were children too
         scheduler = await _scheduler_process(env, workdir / "scheduler.log")
         producer = await started_producer(kafka)
         watch, server_cpu = Watch(), ServerCpu(servers)
@@ -176,7 +177,7 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
                 await producer.send_and_wait(topics.inputs, encode(message), key=pool.encode())
                 watch.inputs_sent += 1
             total = int(rate * seconds)
-            gc.set_threshold(*GC_THRESHOLDS)  # as ``gpuquota scheduler``: 4 full collections a run, not 0.1 s
+            gc.set_threshold(*GC_THRESHOLDS)  # as ``gpuquota scheduler``: no full collection in a run
             gc.freeze()  # of start-up's objects, never freed
             server_cpu.start()
             await submit(await PoolSender.of(producer, topics.inputs, pool), run, rate, total, watch)
@@ -194,21 +195,23 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
             except TimeoutError:
                 scheduler.kill()
                 await scheduler.wait()
+            children_cpu = _children_cpu() - children_cpu
     shutil.rmtree(workdir, ignore_errors=True)
     summary = _summary(watch, rate, seconds, windows)
-    summary["cpu_ms_per_job"] = _cpu_per_job(max(1, len(watch.submitted)), server_cpu.seconds)
+    summary["cpu_ms_per_job"] = _cpu_per_job(max(1, len(watch.submitted)), children_cpu, server_cpu.seconds)
     return summary
 
 
-def _cpu_per_job(jobs: int, servers: dict[str, float]) -> dict[str, float]:
-    """This process and the scheduler (the only child process waited for) over their lifetimes; the
-    broker and the database, when started here, from the first submission to the end of the run."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = {
-        "client": own.ru_utime + own.ru_stime,
-        "scheduler": children.ru_utime + children.ru_stime,
-        **servers,
-    }
+def _children_cpu() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
+def _cpu_per_job(jobs: int, scheduler: float, servers: dict[str, float]) -> dict[str, float]:
+    """This process and the scheduler (the child process waited for meanwhile) over their lifetimes;
+    the broker and the database, when started here, from the first submission to the end of the run."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    seconds = {"client": own.ru_utime + own.ru_stime, "scheduler": scheduler, **servers}
     return {name: round(cpu * 1000 / jobs, 3) for name, cpu in seconds.items()}
 
 
