@@ -3,11 +3,15 @@
 Throughput run: a ``gpuquota scheduler`` process on a real broker and database; this process submits
 ``R`` jobs per second for ``S`` seconds (``SubmitJob`` straight to the inputs topic), plays the node
 agents (it answers every ``RunAttempt`` with an ``AttemptReport`` SUCCEEDED, so capacity is freed), and
-watches ``gpuquota.job-state``. Reported:
+watches ``gpuquota.job-state``. This process shares the machine with what it measures, so it does that
+at the least CPU it can (``benchmarks.pipeline_load``: records from templates, one record batch per
+10 ms of submissions and per fetch of node commands, one consumer for node commands and job states,
+only the ``JobDispatched`` records parsed). Reported:
 
 * ``jobs_per_s``: jobs that reached SCHEDULED, per second from the first submission to the last dispatch;
-* ``submit_to_scheduled_p50_ms`` / ``_p99_ms``: from just before the produce call to the moment the
-  ``JobDispatched`` record is read here (wall clock of this process);
+* ``submit_to_scheduled_p50_ms`` / ``_p99_ms``: from just before the submission is handed to the
+  producer to the moment the fetch that brought its ``JobDispatched`` record returned here (wall clock
+  of this process);
 * ``lost_jobs``: submitted jobs never seen SCHEDULED (the run ends when all are, or when for ``--drain``
   seconds no dispatch came and the scheduler decided no input: a saturated scheduler decides the
   ``AttemptReport`` records that free slots only after the submissions queued before them in the pool's
@@ -15,7 +19,11 @@ watches ``gpuquota.job-state``. Reported:
 * ``undecided_inputs``: records of the inputs topic the scheduler had not decided when the run ended
   (0 unless it stopped reading: then ``lost_jobs`` are jobs it never got to);
 * ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job;
-* ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler;
+* ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler
+  (``scheduler``), each over its whole life; and, when the benchmark started them itself, of the
+  broker's JVM (``broker``) and of all PostgreSQL's processes (``database``) from the first submission
+  to the end of the run (``benchmarks.server_cpu``; omitted for servers from the environment, which
+  may serve others too);
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import os
 import resource
@@ -52,48 +61,24 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
 from benchmarks.pipeline_drain import until_idle
+from benchmarks.pipeline_load import PoolSender, Watch, play_nodes_and_observe, started_producer, submit
+from benchmarks.pipeline_workload import setup_inputs as setup_inputs
+from benchmarks.pipeline_workload import submission as submission
 from benchmarks.report import print_result
+from benchmarks.server_cpu import ServerCpu, broker_pid, postmaster_pid
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
+from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineSettings, SourceRecord
-from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import (
-    CapacityLimit,
-    JobQueueSpec,
-    JobSpec,
-    QuotaShareSpec,
-    SchedulingPolicySpec,
-    ServiceEnvironmentSpec,
-    SlotOffer,
-    Strategy,
-)
 from gpuquota.wire.dead_letters import DeadLetter
-from gpuquota.wire.events import EVENT_ADAPTER, JobDispatched
 from gpuquota.wire.input_results import InputResult
 from gpuquota.wire.inputs import SchedulerInput
-from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, NodeCommand, RunAttempt
+from gpuquota.wire.node_commands import NodeCommand
 
 ROOT = Path(__file__).resolve().parents[1]
-UNIT = "ml.g5.xlarge"
-NODES = 8
-SLOTS_PER_NODE = 32
-SHARES = 4
 POPULATE_BATCH = 500
-FETCH_WAIT_MS = 20
-"""The benchmark's consumers read every partition; with aiokafka's default (500 ms) a fetch that leaves
-out the partitions whose records are being read parks on the idle ones, and every answer to a
-``RunAttempt`` (so every slot's next dispatch: 256 slots at 1,000 jobs/s must turn over within 256 ms)
-and every observed dispatch waited up to that long. A node agent reads only its own partition."""
-FETCH_MIN_BYTES = 64 * 1024
-"""A fetch waits (at most ``FETCH_WAIT_MS``) for this much: fewer fetches, less CPU for this process."""
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # ----- infrastructure ------------------------------------------------------------------------------
@@ -118,8 +103,11 @@ def _stop(script: str, run_dir_var: str, run_dir: Path) -> None:
 
 
 @asynccontextmanager
-async def infrastructure(need_kafka: bool = True) -> AsyncIterator[tuple[str, str]]:
-    """(bootstrap servers, database URL): from the environment, or started here and stopped after."""
+async def infrastructure(
+    need_kafka: bool = True, servers: dict[str, int] | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """(bootstrap servers, database URL): from the environment, or started here and stopped after;
+    ``servers`` gets the root process of each started here (``broker``, ``database``)."""
     started: list[tuple[str, str, Path]] = []
     try:
         kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
@@ -132,74 +120,21 @@ async def infrastructure(need_kafka: bool = True) -> AsyncIterator[tuple[str, st
             run_dir = Path(tempfile.mkdtemp(prefix="gpuquota-bench-pg."))
             started.append(("postgres.sh", "PG_RUN_DIR", run_dir))
             database = await asyncio.to_thread(_launch, "postgres.sh", "PG_RUN_DIR", "url", run_dir)
+        if servers is not None:
+            servers.update(_server_pids(started))
         yield kafka, database
     finally:
         for script, var, run_dir in reversed(started):
             await asyncio.to_thread(_stop, script, var, run_dir)
 
 
-# ----- workload ------------------------------------------------------------------------------------
-
-
-def setup_inputs(
-    run: str, nodes: int = NODES, slots: int = SLOTS_PER_NODE, *, register_nodes: bool = True
-) -> list[SchedulerInput]:
-    """Policy, one service environment over ``nodes`` x ``slots`` instances, one queue, LEND shares,
-    and the nodes (unless ``register_nodes`` is false: then every job submitted stays queued)."""
-    capacity = nodes * slots
-    made: list[SchedulerInput] = []
-
-    def add(kind: type[Any], **fields: Any) -> None:
-        made.append(kind(event_id=f"{run}/setup/{len(made)}", occurred_at=now_ms(), **fields))
-
-    add(inp.CreateSchedulingPolicy, spec=SchedulingPolicySpec(name="policy"))
-    limits = (CapacityLimit(unit=UNIT, max_capacity=capacity),)
-    add(inp.CreateServiceEnvironment, spec=ServiceEnvironmentSpec(name="se", capacity_limits=limits))
-    spec = JobQueueSpec(name="jq", service_environment="se", scheduling_policy="policy")
-    add(inp.CreateJobQueue, spec=spec)
-    for index in range(SHARES):
-        share = QuotaShareSpec(
-            name=f"s{index}",
-            job_queue="jq",
-            capacity_limits=(CapacityLimit(unit=UNIT, max_capacity=capacity // SHARES),),
-            strategy=Strategy.LEND_AND_BORROW,
-        )
-        add(inp.CreateQuotaShare, spec=share)
-    for index in range(nodes if register_nodes else 0):
-        offers = tuple(SlotOffer(unit=UNIT) for _ in range(slots))
-        add(inp.RegisterNode, node_id=f"node-{index}", slots=offers)
-    return made
-
-
-def submission(run: str, index: int) -> inp.SubmitJob:
-    at = now_ms()
-    spec = JobSpec(
-        job_id=f"{run}-job-{index}",
-        job_name=f"job-{index}",
-        job_queue="jq",
-        quota_share=f"s{index % SHARES}",
-        unit=UNIT,
-        created_at=at,
-    )
-    return inp.SubmitJob(event_id=f"{run}/submit/{index}", occurred_at=at, job=spec)
+def _server_pids(started: list[tuple[str, str, Path]]) -> dict[str, int]:
+    pids = {"kafka.sh": ("broker", broker_pid), "postgres.sh": ("database", postmaster_pid)}
+    found = {pids[script][0]: pids[script][1](run_dir) for script, _, run_dir in started}
+    return {name: pid for name, pid in found.items() if pid is not None}
 
 
 # ----- throughput --------------------------------------------------------------------------------
-
-
-class Watch:
-    def __init__(self) -> None:
-        self.submitted: dict[str, float] = {}
-        self.scheduled: dict[str, float] = {}
-        self.published: dict[str, float] = {}
-        """When the scheduler produced the job's first ``JobDispatched`` (the record's timestamp)."""
-        self.dispatch_ids: dict[str, set[str]] = {}
-        self.first_submit = 0.0
-        self.last_scheduled = 0.0
-        self.inputs_sent = 0
-        """Inputs produced: setup, submissions and the node player's reports."""
-        self.inputs_decided = 0
-        """The scheduler's recorded position in the pool's partition of the inputs topic."""
 
 
 async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
@@ -216,68 +151,12 @@ async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.sub
     return proc
 
 
-async def _started_consumer(kafka: str, topic: str) -> AIOKafkaConsumer:
-    """A consumer of ``topic`` from its start that fetches as soon as there is something to read."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=kafka,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=FETCH_WAIT_MS,
-        fetch_min_bytes=FETCH_MIN_BYTES,
-    )
-    await consumer.start()
-    return consumer
-
-
-async def _answer_nodes(kafka: str, topics: KafkaTopics, pool: str, watch: Watch) -> None:
-    """Plays every node agent: each RunAttempt is answered at once with SUCCEEDED. With a producer of
-    its own, as a node agent has: sharing the submissions' producer, a report waited behind their
-    batches (up to 15 s on a loaded machine) and no command was read meanwhile."""
-    consumer = await _started_consumer(kafka, topics.node_commands)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka, enable_idempotence=True, linger_ms=2)
-    await producer.start()
-    try:
-        async for record in consumer:
-            command = NODE_COMMAND_ADAPTER.validate_json(record.value or b"")
-            if isinstance(command, RunAttempt):
-                report = inp.AttemptReport(
-                    event_id=f"{command.attempt_id}/done",  # not chained: ids must stay short
-                    occurred_at=now_ms(),
-                    node_id=command.node_id,
-                    job_id=command.job_id,
-                    attempt_id=command.attempt_id,
-                    status="SUCCEEDED",
-                    exit_code=0,
-                )
-                await producer.send(topics.inputs, encode(report), key=pool.encode())
-                watch.inputs_sent += 1
-    finally:
-        await consumer.stop()
-        await producer.stop()
-
-
-async def _observe(kafka: str, topics: KafkaTopics, watch: Watch) -> None:
-    consumer = await _started_consumer(kafka, topics.job_state)
-    try:
-        async for record in consumer:
-            if b'"JobDispatched"' not in (record.value or b""):
-                continue
-            event = EVENT_ADAPTER.validate_json(record.value or b"")
-            assert isinstance(event, JobDispatched)
-            watch.dispatch_ids.setdefault(event.job_id, set()).add(event.event_id)
-            if event.job_id not in watch.scheduled:
-                watch.scheduled[event.job_id] = time.time()
-                watch.published[event.job_id] = record.timestamp / 1000
-                watch.last_scheduled = watch.scheduled[event.job_id]
-    finally:
-        await consumer.stop()
-
-
 async def throughput(rate: float, seconds: float, drain: float, windows: float = 0.0) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     topics, pool = KafkaTopics(f"bench-{run}."), f"bench-{run}"
     workdir = Path(tempfile.mkdtemp(prefix="gpuquota-bench."))
-    async with infrastructure() as (kafka, database):
+    servers: dict[str, int] = {}
+    async with infrastructure(servers=servers) as (kafka, database):
         await ensure_topics(kafka, topics)
         env = {
             "GPUQUOTA_KAFKA": kafka,
@@ -288,31 +167,23 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
             "GPUQUOTA_HEARTBEAT_SECONDS": "600",  # the benchmark sends no heartbeats
             "GPUQUOTA_LOG_LEVEL": "WARNING",
         }
+        children_cpu = _children_cpu()  # the scripts that started the servers were children too
         scheduler = await _scheduler_process(env, workdir / "scheduler.log")
-        producer = AIOKafkaProducer(bootstrap_servers=kafka, enable_idempotence=True, linger_ms=2)
-        await producer.start()
-        watch = Watch()
-        tasks = [
-            asyncio.create_task(_answer_nodes(kafka, topics, pool, watch)),
-            asyncio.create_task(_observe(kafka, topics, watch)),
-        ]
+        producer = await started_producer(kafka)
+        watch, server_cpu = Watch(), ServerCpu(servers)
+        tasks = [asyncio.create_task(play_nodes_and_observe(kafka, topics, pool, watch))]
         try:
             for message in setup_inputs(run):
                 await producer.send_and_wait(topics.inputs, encode(message), key=pool.encode())
                 watch.inputs_sent += 1
             total = int(rate * seconds)
-            start = time.monotonic()
-            watch.first_submit = time.time()
-            for index in range(total):
-                delay = start + index / rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)  # pacing the submission rate
-                message = submission(run, index)
-                watch.submitted[message.job.job_id] = time.time()
-                await producer.send(topics.inputs, encode(message), key=pool.encode())
-                watch.inputs_sent += 1
+            gc.set_threshold(*GC_THRESHOLDS)  # as ``gpuquota scheduler``: no full collection in a run
+            gc.freeze()  # of start-up's objects, never freed
+            server_cpu.start()
+            await submit(await PoolSender.of(producer, topics.inputs, pool), run, rate, total, watch)
             await producer.flush()
             await _drain(watch, total, drain, database, pool)
+            server_cpu.stop()
         finally:
             for task in tasks:
                 task.cancel()
@@ -324,15 +195,24 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
             except TimeoutError:
                 scheduler.kill()
                 await scheduler.wait()
+            children_cpu = _children_cpu() - children_cpu
     shutil.rmtree(workdir, ignore_errors=True)
     summary = _summary(watch, rate, seconds, windows)
-    jobs = max(1, len(watch.submitted))
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    summary["cpu_ms_per_job"] = {
-        "client": round((own.ru_utime + own.ru_stime) * 1000 / jobs, 3),
-        "scheduler": round((children.ru_utime + children.ru_stime) * 1000 / jobs, 3),
-    }  # the scheduler is the only child process waited for (without infrastructure started here)
+    summary["cpu_ms_per_job"] = _cpu_per_job(max(1, len(watch.submitted)), children_cpu, server_cpu.seconds)
     return summary
+
+
+def _children_cpu() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
+def _cpu_per_job(jobs: int, scheduler: float, servers: dict[str, float]) -> dict[str, float]:
+    """This process and the scheduler (the child process waited for meanwhile) over their lifetimes;
+    the broker and the database, when started here, from the first submission to the end of the run."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    seconds = {"client": own.ru_utime + own.ru_stime, "scheduler": scheduler, **servers}
+    return {name: round(cpu * 1000 / jobs, 3) for name, cpu in seconds.items()}
 
 
 async def _drain(watch: Watch, total: int, drain: float, database: str, pool: str) -> None:
@@ -367,7 +247,7 @@ def _summary(watch: Watch, rate: float, seconds: float, windows: float = 0.0) ->
         "submit_to_scheduled_p99_ms": round(_quantile(latencies, 0.99), 1),
         "lost_jobs": sum(1 for j in watch.submitted if j not in watch.scheduled),
         "undecided_inputs": max(0, watch.inputs_sent - watch.inputs_decided),
-        "duplicate_dispatches": sum(len(ids) - 1 for ids in watch.dispatch_ids.values()),
+        "duplicate_dispatches": watch.duplicate_dispatches(),
         **(_windows(watch, windows) if windows > 0 else {}),
     }
 

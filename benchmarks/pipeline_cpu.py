@@ -28,7 +28,8 @@ from typing import Any, cast
 
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from benchmarks.pipeline import infrastructure, now_ms, setup_inputs, submission
+from benchmarks.pipeline import infrastructure
+from benchmarks.pipeline_workload import now_ms, report, setup_inputs, submission
 from benchmarks.report import print_result
 from gpuquota.adapters.kafka import KafkaTopics, encode
 from gpuquota.adapters.postgres_store import PostgresEventStore
@@ -79,18 +80,6 @@ class _Publisher(FaustPublisher):
         return await super().publish(records, commands, results)
 
 
-def _report(attempt: RunAttempt) -> inp.AttemptReport:
-    return inp.AttemptReport(
-        event_id=f"{attempt.attempt_id}/done",
-        occurred_at=now_ms(),
-        node_id=attempt.node_id,
-        job_id=attempt.job_id,
-        attempt_id=attempt.attempt_id,
-        status="SUCCEEDED",
-        exit_code=0,
-    )
-
-
 async def measure(jobs: int, batch: int) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     pool, topics = f"cpu-{run}", KafkaTopics(f"cpu-{run}.")
@@ -109,7 +98,7 @@ async def measure(jobs: int, batch: int) -> dict[str, Any]:
         cpu = 0.0
         submitted = 0
         while submitted < jobs or publisher.attempts:  # until every job has run
-            reports = [_report(attempt) for attempt in publisher.attempts]
+            reports = [report(a.attempt_id, a.node_id, a.job_id, now_ms()) for a in publisher.attempts]
             publisher.attempts.clear()
             new = [submission(run, i) for i in range(submitted, min(jobs, submitted + batch // 2))]
             submitted += len(new)

@@ -1,0 +1,85 @@
+"""CPU time of the servers a benchmark started itself: the broker's JVM, PostgreSQL's processes.
+
+Read from ``/proc`` (Linux): a process's user and system time, with that of its children it has
+waited for (``cutime``/``cstime``: a PostgreSQL backend that exited is in its postmaster's), plus the
+same for every live descendant. The difference of two readings is the CPU the tree spent between
+them, processes that came and went included.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first), or None if gone."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _own_and_waited_ticks(fields: list[str]) -> int:
+    return sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+
+
+def tree_cpu_seconds(root: int) -> float | None:
+    """CPU seconds of ``root`` and its live descendants (see the module's docstring); None if gone."""
+    fields = _stat_fields(root)
+    if fields is None:
+        return None
+    ticks = _own_and_waited_ticks(fields)
+    children: dict[int, list[tuple[int, list[str]]]] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (child := _stat_fields(int(entry.name))) is not None:
+            children.setdefault(int(child[1]), []).append((int(entry.name), child))
+    pending = [root]
+    while pending:
+        for pid, child in children.get(pending.pop(), []):
+            ticks += _own_and_waited_ticks(child)
+            pending.append(pid)
+    return ticks / CLOCK_TICKS
+
+
+def _first_line(path: Path) -> str:
+    try:
+        return path.read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return ""
+
+
+def broker_pid(run_dir: Path) -> int | None:
+    """The JVM of a broker ``deploy/local/kafka.sh`` started with ``KAFKA_RUN_DIR=run_dir``."""
+    pid = _first_line(run_dir / "kafka.pid")
+    return int(pid) if pid.isdigit() else None
+
+
+def postmaster_pid(run_dir: Path) -> int | None:
+    """The postmaster of a cluster ``deploy/local/postgres.sh`` started with ``PG_RUN_DIR=run_dir``."""
+    base = _first_line(run_dir / "pgdata")
+    pid = _first_line(Path(base) / "data" / "postmaster.pid") if base else ""
+    return int(pid) if pid.isdigit() else None
+
+
+class ServerCpu:
+    """CPU seconds of named process trees between ``start()`` and ``stop()``."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self._roots = roots
+        self._started: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._started = {
+            name: cpu for name, pid in self._roots.items() if (cpu := tree_cpu_seconds(pid)) is not None
+        }
+
+    def stop(self) -> None:
+        for name, began in self._started.items():
+            if (cpu := tree_cpu_seconds(self._roots[name])) is not None:
+                self.seconds[name] = cpu - began
