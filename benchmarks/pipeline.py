@@ -19,16 +19,19 @@ only the ``JobDispatched`` records parsed). Reported:
 * ``undecided_inputs``: records of the inputs topic the scheduler had not decided when the run ended
   (0 unless it stopped reading: then ``lost_jobs`` are jobs it never got to);
 * ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job;
-* ``cpu_ms_per_job``: CPU time per submitted job of this process (``client``) and of the scheduler
-  (``scheduler``), each over its whole life; and, when the benchmark started them itself, of the
-  broker's JVM (``broker``) and of all PostgreSQL's processes (``database``) from the first submission
-  to the end of the run (``benchmarks.server_cpu``; omitted for servers from the environment, which
-  may serve others too);
+* ``cpu_ms_per_job``: CPU time per submitted job, from the first measured submission to the end of the
+  run, of this process (``client``), of the scheduler (``scheduler``) and, when the benchmark started
+  them itself, of the broker's JVM (``broker``) and of all PostgreSQL's processes (``database``)
+  (``benchmarks.server_cpu``; omitted for servers from the environment, which may serve others too);
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),
   and ``dispatch_gaps_ms``, the longest pauses between consecutive dispatches (with the second of the
   run they began in): a stall shows as one window's p99 and one long gap.
+
+The measured submissions follow ``--warmup`` seconds (default 10) of the same load, drained, whose jobs
+are not counted (``warmup_seconds``): a broker compiles its hot paths under its first load, which one
+that has run for a while has done.
 
 ``--recovery EVENTS``: decides about ``EVENTS`` submissions into a pool's log through the scheduler's
 ``Pipeline`` (no Kafka; in batches of ``POPULATE_BATCH`` records, as the agent hands them over), then
@@ -78,6 +81,10 @@ from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
 
 ROOT = Path(__file__).resolve().parents[1]
+WARMUP_SECONDS = 10.0
+"""A broker's JIT compiles its hot paths under the first load it sees (C2: about 27 s of the JVM's CPU
+in its first three runs at 2,000 jobs/s, beside 30 s of request handling), which a broker that has run
+for a while has done: the measured submissions start after this much load, once it is drained."""
 POPULATE_BATCH = 500
 
 
@@ -151,7 +158,9 @@ async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.sub
     return proc
 
 
-async def throughput(rate: float, seconds: float, drain: float, windows: float = 0.0) -> dict[str, Any]:
+async def throughput(
+    rate: float, seconds: float, drain: float, windows: float = 0.0, warmup: float = WARMUP_SECONDS
+) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     topics, pool = KafkaTopics(f"bench-{run}."), f"bench-{run}"
     workdir = Path(tempfile.mkdtemp(prefix="gpuquota-bench."))
@@ -167,23 +176,33 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
             "GPUQUOTA_HEARTBEAT_SECONDS": "600",  # the benchmark sends no heartbeats
             "GPUQUOTA_LOG_LEVEL": "WARNING",
         }
-        children_cpu = _children_cpu()  # the scripts that started the servers were children too
         scheduler = await _scheduler_process(env, workdir / "scheduler.log")
         producer = await started_producer(kafka)
-        watch, server_cpu = Watch(), ServerCpu(servers)
+        watch, cpu = Watch(), ServerCpu({**servers, "scheduler": scheduler.pid})
         tasks = [asyncio.create_task(play_nodes_and_observe(kafka, topics, pool, watch))]
         try:
             for message in setup_inputs(run):
                 await producer.send_and_wait(topics.inputs, encode(message), key=pool.encode())
                 watch.inputs_sent += 1
-            total = int(rate * seconds)
             gc.set_threshold(*GC_THRESHOLDS)  # as ``gpuquota scheduler``: no full collection in a run
             gc.freeze()  # of start-up's objects, never freed
-            server_cpu.start()
-            await submit(await PoolSender.of(producer, topics.inputs, pool), run, rate, total, watch)
+            sender = await PoolSender.of(producer, topics.inputs, pool)
+            warm = int(rate * warmup)
+            if warm:
+                await submit(sender, f"{run}-warm", rate, warm, watch)
+                await _drain(watch, warm, drain, database, pool)
+                warmup_lost = sum(1 for job in watch.submitted if job not in watch.scheduled)
+                if warmup_lost:
+                    raise RuntimeError(f"{warmup_lost} warm-up jobs were never dispatched")
+                watch.restart()
+            total = int(rate * seconds)
+            cpu.start()
+            client_began = _own_cpu()
+            await submit(sender, run, rate, total, watch)
             await producer.flush()
             await _drain(watch, total, drain, database, pool)
-            server_cpu.stop()
+            cpu.stop()
+            cpu.seconds["client"] = _own_cpu() - client_began
         finally:
             for task in tasks:
                 task.cancel()
@@ -195,24 +214,19 @@ async def throughput(rate: float, seconds: float, drain: float, windows: float =
             except TimeoutError:
                 scheduler.kill()
                 await scheduler.wait()
-            children_cpu = _children_cpu() - children_cpu
     shutil.rmtree(workdir, ignore_errors=True)
     summary = _summary(watch, rate, seconds, windows)
-    summary["cpu_ms_per_job"] = _cpu_per_job(max(1, len(watch.submitted)), children_cpu, server_cpu.seconds)
+    summary["warmup_seconds"] = warmup
+    jobs = max(1, len(watch.submitted))
+    order = ("client", "scheduler", "broker", "database")
+    per_job = {name: round(cpu.seconds[name] * 1000 / jobs, 3) for name in order if name in cpu.seconds}
+    summary["cpu_ms_per_job"] = per_job
     return summary
 
 
-def _children_cpu() -> float:
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return children.ru_utime + children.ru_stime
-
-
-def _cpu_per_job(jobs: int, scheduler: float, servers: dict[str, float]) -> dict[str, float]:
-    """This process and the scheduler (the child process waited for meanwhile) over their lifetimes;
-    the broker and the database, when started here, from the first submission to the end of the run."""
+def _own_cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
-    seconds = {"client": own.ru_utime + own.ru_stime, "scheduler": scheduler, **servers}
-    return {name: round(cpu * 1000 / jobs, 3) for name, cpu in seconds.items()}
+    return own.ru_utime + own.ru_stime
 
 
 async def _drain(watch: Watch, total: int, drain: float, database: str, pool: str) -> None:
@@ -363,13 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=10.0, help=idle)
     parser.add_argument("--recovery", type=int, metavar="EVENTS", help="measure recovery over EVENTS events")
     parser.add_argument("--snapshot-every", type=int, default=1000, help="snapshot period (--recovery)")
+    warm = f"seconds of load before the measured submissions, not measured (default {WARMUP_SECONDS:g})"
+    parser.add_argument("--warmup", type=float, default=WARMUP_SECONDS, metavar="S", help=warm)
     parser.add_argument("--windows", type=float, default=0.0, metavar="W", help="p99 per W-second window")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.recovery is not None:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
     else:
-        result = asyncio.run(throughput(args.rate, args.seconds, args.drain, args.windows))
+        result = asyncio.run(throughput(args.rate, args.seconds, args.drain, args.windows, args.warmup))
     print_result(result, args.json)
     return 0
 

@@ -69,7 +69,16 @@ class Watch:
         self.inputs_decided = 0
         """The scheduler's recorded position in the pool's partition of the inputs topic."""
 
+    def restart(self) -> None:
+        """Forget the jobs watched so far (the warm-up's): what follows is measured alone."""
+        for jobs in (self.submitted, self.scheduled, self.published, self.dispatch_ids):
+            jobs.clear()
+        self.more_dispatch_ids.clear()
+        self.first_submit = self.last_scheduled = 0.0
+
     def dispatched(self, job: str, event_id: str, read_at: float, published_at: float) -> None:
+        if job not in self.submitted:
+            return  # a warm-up job's, read after the warm-up
         first = self.dispatch_ids.setdefault(job, event_id)
         if first != event_id:
             self.more_dispatch_ids.setdefault(job, set()).add(event_id)

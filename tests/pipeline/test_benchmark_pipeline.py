@@ -1,5 +1,6 @@
 """`python -m benchmarks.pipeline --json`: a short run dispatches every job it submits, and its scheduler
-decides every input (the node player's reports included) before the run ends."""
+decides every input (the node player's reports included) before the run ends; the warm-up's jobs are not
+counted."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ pytestmark = pytest.mark.integration
 def test_a_short_run_dispatches_every_job_and_leaves_no_input_undecided(
     kafka_bootstrap: str, database_url: str
 ) -> None:
-    command = [sys.executable, "-m", "benchmarks.pipeline", "--rate", "100", "--seconds", "1", "--json"]
+    command = [sys.executable, "-m", "benchmarks.pipeline", "--rate", "100", "--seconds", "1"]
+    command += ["--warmup", "1", "--json"]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "DATABASE_URL": database_url}
     result = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300, env=env)
     figures = json.loads(result.stdout)
     assert figures["submitted"] == figures["scheduled"] == 100
     assert (figures["lost_jobs"], figures["undecided_inputs"], figures["duplicate_dispatches"]) == (0, 0, 0)
+    assert figures["warmup_seconds"] == 1
+    assert figures["cpu_ms_per_job"]["scheduler"] > 0 and figures["cpu_ms_per_job"]["client"] > 0

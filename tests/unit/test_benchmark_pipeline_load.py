@@ -84,6 +84,7 @@ def test_without_a_type_header_the_values_type_decides() -> None:
 
 def test_a_second_dispatch_counts_once_per_distinct_event_id_and_the_first_read_is_kept() -> None:
     watch = Watch()
+    watch.submitted.update(j1=1.0, j2=2.0)
     watch.dispatched("j1", "e1", read_at=10.0, published_at=9.0)
     watch.dispatched("j1", "e1", read_at=11.0, published_at=9.5)  # the same event read again
     watch.dispatched("j2", "e2", read_at=12.0, published_at=11.0)
@@ -93,6 +94,17 @@ def test_a_second_dispatch_counts_once_per_distinct_event_id_and_the_first_read_
     watch.dispatched("j1", "e3", read_at=15.0, published_at=14.0)
     assert watch.duplicate_dispatches() == 2
     assert (watch.scheduled["j1"], watch.published["j1"], watch.last_scheduled) == (10.0, 9.0, 12.0)
+
+
+def test_after_the_warm_up_only_the_measured_jobs_are_watched() -> None:
+    watch = Watch()
+    watch.submitted["warm"] = 1.0
+    watch.dispatched("warm", "e1", read_at=2.0, published_at=1.5)
+    watch.restart()
+    watch.submitted["j1"] = 3.0
+    watch.dispatched("warm", "e2", read_at=4.0, published_at=3.5)  # a warm-up job's, read late
+    watch.dispatched("j1", "e3", read_at=5.0, published_at=4.5)
+    assert (watch.scheduled, watch.duplicate_dispatches(), watch.last_scheduled) == ({"j1": 5.0}, 0, 5.0)
 
 
 def write_stat(proc: Path, pid: int, ppid: int, utime: int, stime: int, cutime: int, cstime: int) -> None:
