@@ -2,8 +2,18 @@
 
 Theory of operation
 -------------------
-``sqlite3`` blocks, so every call runs on one private worker thread that owns the connection; the
-event loop only awaits. One thread also means calls of one store object run one after another.
+``sqlite3`` blocks, so every call that may wait runs on one private worker thread that owns the
+store's connection; the event loop only awaits. One thread also means those calls of one store object
+run one after another.
+
+Appends are the exception: they run on the event loop's thread, on a second connection (the
+*writer*) that never waits for a lock. An append's own work is a fraction of a millisecond (the
+commit writes the WAL without syncing it), but handing it to the worker thread cost several: the
+thread needs the GIL back after each statement, and a busy event loop gives it up only every
+switch interval (5 ms). The writer's busy timeout is zero, so when another connection holds the
+write lock the append is handed to the worker thread, which waits for the lock as every other call
+does. Checkpoints, which sync the files, run on the worker thread too (``CHECKPOINT_BYTES``): the
+writer's automatic checkpoints are off.
 
 ``append`` (and ``append_many``, for a batch) is one ``BEGIN IMMEDIATE`` transaction: it takes
 SQLite's write lock *before* reading, so the duplicate check (``input_id`` recorded?) and the sequence
@@ -22,6 +32,7 @@ refuses a file written by a newer schema.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +54,11 @@ from gpuquota.adapters.event_store import (
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""Appended since the last checkpoint, in bytes of JSON, before the worker thread runs the next one
+(about SQLite's own automatic checkpoint: 1,000 pages of 4 KiB)."""
 
 STORE_FILE = "events.sqlite3"
 """The event log's file name in a data directory (``gpuquota up --data-dir``)."""
@@ -80,22 +96,38 @@ CREATE TABLE snapshots (
 class SqliteEventStore(EventStore):
     """``EventStore`` on one SQLite file. Create it with ``await SqliteEventStore.open(path)``."""
 
-    def __init__(self, executor: ThreadPoolExecutor, conn: sqlite3.Connection, keep_snapshots: int) -> None:
+    def __init__(
+        self,
+        executor: ThreadPoolExecutor,
+        conn: sqlite3.Connection,
+        writer: sqlite3.Connection,
+        keep_snapshots: int,
+    ) -> None:
         self._executor = executor
         self._conn = conn
+        self._writer = writer  # the event loop's thread only
         self._keep_snapshots = keep_snapshots
         self._closed = False
+        self._handed_over = 0  # appends waiting on the worker thread for another writer's lock
+        self._since_checkpoint = 0
+        self._checkpoint: asyncio.Future[None] | None = None
 
     @classmethod
     async def open(cls, path: str | Path, *, keep_snapshots: int = 2) -> SqliteEventStore:
         """Opens (creating the file and schema if needed); keeps the newest ``keep_snapshots`` per pool."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-event-store")
+        loop = asyncio.get_running_loop()
         try:
-            conn = await asyncio.get_running_loop().run_in_executor(executor, _connect, str(path))
+            conn = await loop.run_in_executor(executor, _connect, str(path))
+            try:
+                writer = await loop.run_in_executor(executor, _connect_writer, str(path))
+            except BaseException:
+                conn.close()
+                raise
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(executor, conn, max(1, keep_snapshots))
+        return cls(executor, conn, writer, max(1, keep_snapshots))
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -104,14 +136,46 @@ class SqliteEventStore(EventStore):
             raise TransientStoreError(f"sqlite: {exc}") from exc
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
-        """Several inputs in one transaction: one commit and one thread hop for all."""
+        """Several inputs in one transaction: one commit for all, on the event loop's thread."""
         if not entries:
             return expected_seq
         rows = [
             (message.event_id, encode_input(message), encode_events(events), position)
             for message, events, position in entries
         ]
-        return await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
+        size = sum(len(data) + len(events) for _, data, events, _ in rows)
+        if not self._handed_over:
+            try:
+                last = _append_many(self._writer, pool, expected_seq, rows)
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    raise TransientStoreError(f"sqlite: {exc}") from exc
+            else:
+                self._written(size)
+                return last
+        # Another connection writes: wait for its lock on the worker thread, not here. Appends after
+        # this one go there too while it waits, so that they stay in order.
+        self._handed_over += 1
+        try:
+            last = await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
+        finally:
+            self._handed_over -= 1
+        self._written(size)
+        return last
+
+    def _written(self, size: int) -> None:
+        """Count ``size`` bytes appended; start a checkpoint on the worker thread once enough are."""
+        self._since_checkpoint += size
+        if self._since_checkpoint < CHECKPOINT_BYTES or self._checkpoint is not None:
+            return
+        self._since_checkpoint = 0
+        self._checkpoint = asyncio.ensure_future(self._call(_checkpoint))
+        self._checkpoint.add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, done: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("sqlite checkpoint failed: %r", done.exception())
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         ids = list(input_ids)
@@ -145,6 +209,9 @@ class SqliteEventStore(EventStore):
         if self._closed:
             return
         self._closed = True
+        if self._checkpoint is not None:
+            await asyncio.wait([self._checkpoint])
+        self._writer.close()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
 
@@ -163,6 +230,24 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _connect_writer(path: str) -> sqlite3.Connection:
+    """The appending connection, for the event loop's thread: it never waits for a lock (timeout 0)
+    and never checkpoints (``_checkpoint`` does, on the worker thread)."""
+    conn = sqlite3.connect(path, timeout=0.0, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    """Copy the WAL into the database file as far as no reader needs it (never waits)."""
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _ensure_schema(conn: sqlite3.Connection) -> None:
