@@ -160,10 +160,11 @@ def error_response(exc: ApiError) -> web.Response:
 
 async def read_body(request: web.Request) -> None:
     """Read the body within ``BODY_READ_SECONDS``; aiohttp keeps it for later ``request.read()``."""
-    if not request.body_exists:
-        return
+    if not request.body_exists or request.content.is_eof():
+        return  # no body, or all of it arrived with the headers (the usual request): nothing to wait for
     try:
-        await asyncio.wait_for(request.read(), BODY_READ_SECONDS)
+        async with asyncio.timeout(BODY_READ_SECONDS):
+            await request.read()
     except TimeoutError:
         raise ClientException(f"The request body was not received within {BODY_READ_SECONDS:g} s") from None
 
