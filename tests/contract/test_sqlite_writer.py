@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from gpuquota.adapters import sqlite_store
-from gpuquota.adapters.event_store import Record
+from gpuquota.adapters.event_store import DuplicateInput, Record, StaleWriter
 from gpuquota.adapters.sqlite_store import SqliteEventStore
 from tests.contract.test_event_store import sample_log
 
@@ -63,3 +63,15 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(
         await asyncio.sleep(0.01)  # the database file grows only by a checkpoint
     assert database.stat().st_size > before
     assert len(await store.read("p")) == len(log)
+
+
+async def test_a_recorded_batch_appended_again_is_a_duplicate_not_a_stale_sequence(
+    store: SqliteEventStore,
+) -> None:
+    log = [(message, events, None) for message, events in sample_log()[:3]]
+    assert await store.append_many("p", 0, log) == 3
+    with pytest.raises(DuplicateInput) as refused:  # a retry of an append that had committed
+        await store.append_many("p", 0, log)
+    assert str(refused.value) == log[0][0].event_id
+    with pytest.raises(StaleWriter):
+        await store.append_many("p", 0, [(m, e, None) for m, e in sample_log("new-")[:1]])

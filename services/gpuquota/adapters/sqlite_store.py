@@ -16,9 +16,11 @@ does. Checkpoints, which sync the files, run on the worker thread too (``CHECKPO
 writer's automatic checkpoints are off.
 
 ``append`` (and ``append_many``, for a batch) is one ``BEGIN IMMEDIATE`` transaction: it takes
-SQLite's write lock *before* reading, so the duplicate check (``input_id`` recorded?) and the sequence
-check (is the pool's last ``seq`` still ``expected_seq``?) cannot be overtaken by another connection
-to the same file before the insert. ``PRIMARY KEY (pool, seq)`` and ``UNIQUE (input_id)`` back the checks up.
+SQLite's write lock *before* reading, so the sequence check (is the pool's last ``seq`` still
+``expected_seq``?) cannot be overtaken by another connection to the same file before the insert. An
+input recorded before is refused by ``UNIQUE (input_id)`` during the insert (looking first cost a
+query per batch); only then, or when the sequence is stale, does the append look for which one it was
+(a duplicate is reported before a stale sequence). ``PRIMARY KEY (pool, seq)`` backs the sequence up.
 
 Each row of ``inputs`` holds one input and the events decided for it (JSON), so reading the log is
 one indexed range scan per page. The file runs in WAL mode with ``synchronous=NORMAL``: a commit
@@ -293,20 +295,23 @@ def _append_many(
         repeated = first_repeated(ids)
         if repeated is not None:
             raise DuplicateInput(repeated)
-        found = _recorded(conn, ids)
-        if found:
-            raise DuplicateInput(next(i for i in ids if i in found))
         last = _last_seq(conn, pool)
         if last != expected_seq:
+            _refuse_recorded(conn, ids)  # a duplicate is reported before a stale sequence
             raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
-        conn.executemany(
-            "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
-            " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (pool, expected_seq + n, input_id, *_source(position), data, events)
-                for n, (input_id, data, events, position) in enumerate(rows, start=1)
-            ],
-        )
+        try:
+            conn.executemany(
+                "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
+                " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (pool, expected_seq + n, input_id, *_source(position), data, events)
+                    for n, (input_id, data, events, position) in enumerate(rows, start=1)
+                ],
+            )
+        except sqlite3.IntegrityError:  # UNIQUE (input_id): the usual append does not look first
+            conn.execute("ROLLBACK")  # then this batch's own rows are not among those found
+            _refuse_recorded(conn, ids)
+            raise
         positions = {(p.topic, p.partition): p.next_offset for *_, p in rows if p is not None}
         conn.executemany(
             "INSERT INTO consumer_positions (pool, topic, partition, next_offset) VALUES (?, ?, ?, ?)"
@@ -315,9 +320,17 @@ def _append_many(
         )
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return expected_seq + len(rows)
+
+
+def _refuse_recorded(conn: sqlite3.Connection, input_ids: list[str]) -> None:
+    """``DuplicateInput`` for the first of ``input_ids`` that is recorded already, if any."""
+    found = _recorded(conn, input_ids)
+    if found:
+        raise DuplicateInput(next(i for i in input_ids if i in found))
 
 
 def _source(position: Position | None) -> tuple[str | None, int | None, int | None]:
