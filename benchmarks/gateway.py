@@ -17,6 +17,9 @@ Phase 1 submits jobs (names, priorities 0-9, the three shares in turn; simulated
 ``--warmup`` seconds that are not measured. Latency is per request, from sending to the whole response.
 ``*_server_cpu_ms_per_request`` is the server process's CPU time (user + system, all threads) divided by
 the requests of the phase, ``*_client_cpu_ms_per_request`` the same for this process.
+``submit_appends``, ``submit_inputs_per_append`` and ``submit_append_mean_ms`` are the server's own
+figures for the appends to its event log during the submit phase (warm-up included), from ``/metrics``:
+whether the wait for the log or the event loop's CPU limits the rate.
 
 ``--baseline``: the same clients against a bare ``aiohttp`` server answering a fixed JSON body (no
 gateway, no scheduler): what the machine allows at that moment, for reading the numbers on a busy box.
@@ -43,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import urlopen
 
 from benchmarks.report import print_result
 
@@ -389,16 +393,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server = Server(command, args.profile)
         workload = Workload(args.seed)
         phases: dict[str, Phase] = {}
+        appends: dict[str, float] = {}
         try:
             if not args.baseline:
                 setup(server.url)
             for name, operation in (("submit", "submitservicejob"), ("describe", "describeservicejob")):
                 if args.baseline:
                     workload.job_ids.append("x")
+                before = appended(server.url) if name == "submit" and not args.baseline else None
                 if args.client == "boto3":
                     phases[name] = boto3_phase(args, operation, workload, server)
                 else:
                     phases[name] = asyncio.run(asyncio_phase(args, operation, workload, server))
+                if before is not None:
+                    appends = append_summary(before, appended(server.url))
         finally:
             server.stop()
     clients = {"raw": "raw HTTP/1.1 on asyncio streams", "aiohttp": "aiohttp", "boto3": "boto3 thread pool"}
@@ -414,8 +422,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_1m": os.getloadavg()[0],
     }
     result.update(phases["submit"].summary("submit"))
+    result.update(appends)
     result.update(phases["describe"].summary("describe"))
     return result
+
+
+def appended(url: str) -> tuple[float, float, float]:
+    """The server's log appends so far, from its ``/metrics``: (seconds, appends, inputs appended)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return (
+        samples.get("gpuquota_log_append_seconds_sum", 0.0),
+        samples.get("gpuquota_log_append_seconds_count", 0.0),
+        samples.get("gpuquota_log_append_batch_size_sum", 0.0),
+    )
+
+
+def append_summary(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict[str, float]:
+    """The submit phase's appends (warm-up included): how many, inputs per append, mean time each."""
+    seconds, count, inputs = (a - b for a, b in zip(after, before, strict=True))
+    return {
+        "submit_appends": count,
+        "submit_inputs_per_append": round(inputs / count, 2) if count else 0.0,
+        "submit_append_mean_ms": round(seconds * 1000 / count, 3) if count else 0.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

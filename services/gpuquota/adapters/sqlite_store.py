@@ -2,13 +2,25 @@
 
 Theory of operation
 -------------------
-``sqlite3`` blocks, so every call runs on one private worker thread that owns the connection; the
-event loop only awaits. One thread also means calls of one store object run one after another.
+``sqlite3`` blocks, so every call that may wait runs on one private worker thread that owns the
+store's connection; the event loop only awaits. One thread also means those calls of one store object
+run one after another.
+
+Appends are the exception: they run on the event loop's thread, on a second connection (the
+*writer*) that never waits for a lock. An append's own work is a fraction of a millisecond (the
+commit writes the WAL without syncing it), but handing it to the worker thread cost several: the
+thread needs the GIL back after each statement, and a busy event loop gives it up only every
+switch interval (5 ms). The writer's busy timeout is zero, so when another connection holds the
+write lock the append is handed to the worker thread, which waits for the lock as every other call
+does. Checkpoints, which sync the files, run on the worker thread too (``CHECKPOINT_BYTES``): the
+writer's automatic checkpoints are off.
 
 ``append`` (and ``append_many``, for a batch) is one ``BEGIN IMMEDIATE`` transaction: it takes
-SQLite's write lock *before* reading, so the duplicate check (``input_id`` recorded?) and the sequence
-check (is the pool's last ``seq`` still ``expected_seq``?) cannot be overtaken by another connection
-to the same file before the insert. ``PRIMARY KEY (pool, seq)`` and ``UNIQUE (input_id)`` back the checks up.
+SQLite's write lock *before* reading, so the sequence check (is the pool's last ``seq`` still
+``expected_seq``?) cannot be overtaken by another connection to the same file before the insert. An
+input recorded before is refused by ``UNIQUE (input_id)`` during the insert (looking first cost a
+query per batch); only then, or when the sequence is stale, does the append look for which one it was
+(a duplicate is reported before a stale sequence). ``PRIMARY KEY (pool, seq)`` backs the sequence up.
 
 Each row of ``inputs`` holds one input and the events decided for it (JSON), so reading the log is
 one indexed range scan per page. The file runs in WAL mode with ``synchronous=NORMAL``: a commit
@@ -22,6 +34,7 @@ refuses a file written by a newer schema.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +56,11 @@ from gpuquota.adapters.event_store import (
 from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""Appended since the last checkpoint, in bytes of JSON, before the worker thread runs the next one
+(about SQLite's own automatic checkpoint: 1,000 pages of 4 KiB)."""
 
 STORE_FILE = "events.sqlite3"
 """The event log's file name in a data directory (``gpuquota up --data-dir``)."""
@@ -80,22 +98,38 @@ CREATE TABLE snapshots (
 class SqliteEventStore(EventStore):
     """``EventStore`` on one SQLite file. Create it with ``await SqliteEventStore.open(path)``."""
 
-    def __init__(self, executor: ThreadPoolExecutor, conn: sqlite3.Connection, keep_snapshots: int) -> None:
+    def __init__(
+        self,
+        executor: ThreadPoolExecutor,
+        conn: sqlite3.Connection,
+        writer: sqlite3.Connection,
+        keep_snapshots: int,
+    ) -> None:
         self._executor = executor
         self._conn = conn
+        self._writer = writer  # the event loop's thread only
         self._keep_snapshots = keep_snapshots
         self._closed = False
+        self._handed_over = 0  # appends waiting on the worker thread for another writer's lock
+        self._since_checkpoint = 0
+        self._checkpoint: asyncio.Future[None] | None = None
 
     @classmethod
     async def open(cls, path: str | Path, *, keep_snapshots: int = 2) -> SqliteEventStore:
         """Opens (creating the file and schema if needed); keeps the newest ``keep_snapshots`` per pool."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-event-store")
+        loop = asyncio.get_running_loop()
         try:
-            conn = await asyncio.get_running_loop().run_in_executor(executor, _connect, str(path))
+            conn = await loop.run_in_executor(executor, _connect, str(path))
+            try:
+                writer = await loop.run_in_executor(executor, _connect_writer, str(path))
+            except BaseException:
+                conn.close()
+                raise
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(executor, conn, max(1, keep_snapshots))
+        return cls(executor, conn, writer, max(1, keep_snapshots))
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -104,14 +138,46 @@ class SqliteEventStore(EventStore):
             raise TransientStoreError(f"sqlite: {exc}") from exc
 
     async def append_many(self, pool: str, expected_seq: int, entries: Sequence[BatchEntry]) -> int:
-        """Several inputs in one transaction: one commit and one thread hop for all."""
+        """Several inputs in one transaction: one commit for all, on the event loop's thread."""
         if not entries:
             return expected_seq
         rows = [
             (message.event_id, encode_input(message), encode_events(events), position)
             for message, events, position in entries
         ]
-        return await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
+        size = sum(len(data) + len(events) for _, data, events, _ in rows)
+        if not self._handed_over:
+            try:
+                last = _append_many(self._writer, pool, expected_seq, rows)
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    raise TransientStoreError(f"sqlite: {exc}") from exc
+            else:
+                self._written(size)
+                return last
+        # Another connection writes: wait for its lock on the worker thread, not here. Appends after
+        # this one go there too while it waits, so that they stay in order.
+        self._handed_over += 1
+        try:
+            last = await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
+        finally:
+            self._handed_over -= 1
+        self._written(size)
+        return last
+
+    def _written(self, size: int) -> None:
+        """Count ``size`` bytes appended; start a checkpoint on the worker thread once enough are."""
+        self._since_checkpoint += size
+        if self._since_checkpoint < CHECKPOINT_BYTES or self._checkpoint is not None:
+            return
+        self._since_checkpoint = 0
+        self._checkpoint = asyncio.ensure_future(self._call(_checkpoint))
+        self._checkpoint.add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, done: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("sqlite checkpoint failed: %r", done.exception())
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         ids = list(input_ids)
@@ -145,6 +211,9 @@ class SqliteEventStore(EventStore):
         if self._closed:
             return
         self._closed = True
+        if self._checkpoint is not None:
+            await asyncio.wait([self._checkpoint])
+        self._writer.close()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
 
@@ -163,6 +232,24 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _connect_writer(path: str) -> sqlite3.Connection:
+    """The appending connection, for the event loop's thread: it never waits for a lock (timeout 0)
+    and never checkpoints (``_checkpoint`` does, on the worker thread)."""
+    conn = sqlite3.connect(path, timeout=0.0, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    """Copy the WAL into the database file as far as no reader needs it (never waits)."""
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _ensure_schema(conn: sqlite3.Connection) -> None:
@@ -208,20 +295,23 @@ def _append_many(
         repeated = first_repeated(ids)
         if repeated is not None:
             raise DuplicateInput(repeated)
-        found = _recorded(conn, ids)
-        if found:
-            raise DuplicateInput(next(i for i in ids if i in found))
         last = _last_seq(conn, pool)
         if last != expected_seq:
+            _refuse_recorded(conn, ids)  # a duplicate is reported before a stale sequence
             raise StaleWriter(f"pool {pool}: expected sequence {expected_seq}, log is at {last}")
-        conn.executemany(
-            "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
-            " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (pool, expected_seq + n, input_id, *_source(position), data, events)
-                for n, (input_id, data, events, position) in enumerate(rows, start=1)
-            ],
-        )
+        try:
+            conn.executemany(
+                "INSERT INTO inputs (pool, seq, input_id, source_topic, source_partition, source_offset,"
+                " data, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (pool, expected_seq + n, input_id, *_source(position), data, events)
+                    for n, (input_id, data, events, position) in enumerate(rows, start=1)
+                ],
+            )
+        except sqlite3.IntegrityError:  # UNIQUE (input_id): the usual append does not look first
+            conn.execute("ROLLBACK")  # then this batch's own rows are not among those found
+            _refuse_recorded(conn, ids)
+            raise
         positions = {(p.topic, p.partition): p.next_offset for *_, p in rows if p is not None}
         conn.executemany(
             "INSERT INTO consumer_positions (pool, topic, partition, next_offset) VALUES (?, ?, ?, ?)"
@@ -230,9 +320,17 @@ def _append_many(
         )
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return expected_seq + len(rows)
+
+
+def _refuse_recorded(conn: sqlite3.Connection, input_ids: list[str]) -> None:
+    """``DuplicateInput`` for the first of ``input_ids`` that is recorded already, if any."""
+    found = _recorded(conn, input_ids)
+    if found:
+        raise DuplicateInput(next(i for i in input_ids if i in found))
 
 
 def _source(position: Position | None) -> tuple[str | None, int | None, int | None]:

@@ -33,18 +33,33 @@ MAX_JSON_DEPTH = 32
 """AWS request shapes nest a handful of levels; SageMaker payloads a few more."""
 BODY_READ_SECONDS = 10.0
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_json(raw: str | bytes, what: str) -> Any:
     """``raw`` parsed, or a ``ClientException`` naming ``what`` (too deep, not JSON, bad strings)."""
     try:
-        value = json.loads(raw)
+        # what json.loads does with bytes, done here to look at the text first
+        text = raw if isinstance(raw, str) else raw.decode(json.detect_encoding(raw), "surrogatepass")
+        value = json.loads(text)
     except RecursionError:
         raise ClientException(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except ValueError:
         raise ClientException(f"{what} is not valid JSON") from None
-    check_json(value, what)
+    if not _plainly_well_formed(text):
+        check_json(value, what)
     return value
+
+
+def _plainly_well_formed(text: str) -> bool:
+    """Whether the value parsed from ``text`` passes ``check_json``, seen from the text alone (the
+    usual request, without walking the value): it has no more brackets than the depth allowed, and
+    neither a surrogate nor the escape of one (a lone surrogate can come from nothing else)."""
+    return (
+        text.count("{") + text.count("[") <= MAX_JSON_DEPTH
+        and (text.isascii() or _SURROGATE.search(text) is None)
+        and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
+    )
 
 
 def check_json(value: Any, what: str) -> None:
@@ -145,10 +160,11 @@ def error_response(exc: ApiError) -> web.Response:
 
 async def read_body(request: web.Request) -> None:
     """Read the body within ``BODY_READ_SECONDS``; aiohttp keeps it for later ``request.read()``."""
-    if not request.body_exists:
-        return
+    if not request.body_exists or request.content.is_eof():
+        return  # no body, or all of it arrived with the headers (the usual request): nothing to wait for
     try:
-        await asyncio.wait_for(request.read(), BODY_READ_SECONDS)
+        async with asyncio.timeout(BODY_READ_SECONDS):
+            await request.read()
     except TimeoutError:
         raise ClientException(f"The request body was not received within {BODY_READ_SECONDS:g} s") from None
 

@@ -17,12 +17,13 @@ after another on the live state (the loop's ``StepBatch``, the same as the distr
 core's decide and evolve in one pass, each input on the state its predecessors left; node commands come
 from the state just before each event), appends the batch in one transaction, and only then folds the
 events into the read model, queues the commands and answers the callers, in order. While a batch is
-being written the next one gathers, so a burst of requests costs one commit (and one hop to the store's
-thread) instead of one each.
+being written the next one gathers, so a burst of requests costs one commit instead of one each. (The
+SQLite store writes on the event loop's thread, so its appends are done before the next batch is
+decided; the overlap below is for a store that writes elsewhere, or waits for another writer's lock.)
 
 Two batches in flight (``PIPELINE_DEPTH``): while one batch is being written the drain task decides the
 next on the state the first left, and starts its append at once; that append names the sequence the
-first ends at, and the store's one thread runs appends in order. Batches settle (read model, commands,
+first ends at, and the store runs appends in order. Batches settle (read model, commands,
 answers) strictly in log order, each only once its own append committed, so nothing acts on or answers
 an input before it is recorded. If an append fails the state is ahead of the log: the shell waits for
 the appends after it (they fail with ``StaleWriter``: the sequence they name was never reached),
@@ -84,7 +85,7 @@ __all__ = ["Clock", "LocalPublisher", "SchedulerShell", "wall_clock_ms"]
 
 PIPELINE_DEPTH = 2
 """Batches in flight at most: one being written while the next is decided (more only queue up
-behind the store's one thread, and make a failure redo more inputs one at a time)."""
+behind the store's writes, and make a failure redo more inputs one at a time)."""
 
 
 @dataclass(slots=True)
