@@ -411,8 +411,8 @@ class NodeAgent:
                 self._report(att, "FAILED", reason=f"Node agent error: {exc}")
         self._finish(att)
 
-    def _records(self) -> dict[str, dict[str, Any]]:
-        return {aid: att.record(self.runtime.name) for aid, att in self._attempts.items()}
+    def _records(self) -> dict[str, str]:
+        return {aid: att.encoded(self.runtime.name) for aid, att in self._attempts.items()}
 
     # ----- sending --------------------------------------------------------------------------------
 
