@@ -175,14 +175,17 @@ class Attempt:
 
     def encoded(self, runtime: str) -> str:
         """This attempt's entry in ``state.json``, encoded; encoded again only when it changed (a
-        write holds every attempt of the node, and most have not changed since the last one)."""
-        record = self._state(runtime)
-        key = (*record.values(), self.final)
-        if self._encoded is None or self._encoded[0] != key:
+        write holds every attempt of the node, and most have not changed since the last one).
+
+        A record changes only through the fields of the key (a handle's pid, group and start time
+        are set when it is made); each is compared by identity, so a new value always counts."""
+        key = (runtime, self.handle, self.started_at, self.status, self.final)
+        cached = self._encoded
+        if cached is None or any(old is not new for old, new in zip(cached[0], key, strict=True)):
             final = None if self.final is None else self.final.model_dump(mode="json")
-            rest = json.dumps({**record, "final": final}, separators=(",", ":"))
-            self._encoded = (key, f'{{"command":{self.command_json},{rest[1:]}')
-        return self._encoded[1]
+            rest = json.dumps({**self._state(runtime), "final": final}, separators=(",", ":"))
+            cached = self._encoded = (key, f'{{"command":{self.command_json},{rest[1:]}')
+        return cached[1]
 
     def known(self) -> NodeAttempt:
         """What the registration and the heartbeats say of this attempt."""
