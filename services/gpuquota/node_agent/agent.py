@@ -267,12 +267,10 @@ class NodeAgent:
         try:
             self._report(att, "STARTING")
             try:
-                spec = prepare(
-                    cmd,
-                    self.node_id,
-                    self.slots,
-                    self.work_dir,
-                    contained=getattr(self.runtime, "contained", False),
+                # off the loop: a new job's checkpoint directory cost the loop about 0.5 ms on a busy disk
+                contained = getattr(self.runtime, "contained", False)
+                spec = await asyncio.to_thread(
+                    prepare, cmd, self.node_id, self.slots, self.work_dir, contained=contained
                 )
                 att.max_runtime = spec.request.max_runtime_seconds
                 if att.stop_reason is not None:
@@ -356,9 +354,8 @@ class NodeAgent:
             self._finished.popitem(last=False)
         self.book.add_finished(attempt_id)
         self._saver.changed()
-        # its exit files stay, like its log: on a file system without a journal (ext4), every file
-        # made after a deletion skips the inodes freed in the last minutes, and two deletions per
-        # attempt made the node's file creations (logs, exit files) its largest cost at 100 starts/s
+        # its exit files stay, like its log: on ext4 without a journal each file made skips the inodes
+        # freed in the last minutes, which made two deletions per attempt a large cost (benchmarks.md)
 
     # ----- restart --------------------------------------------------------------------------------
 
