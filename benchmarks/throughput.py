@@ -21,7 +21,10 @@ submitted 166-370 a second on the 2-core development machine (32 were no faster 
   (its start plus ``--duration``): how fast the pool turned over. With instant starts it approaches
   ``ideal_starts_per_s`` = SLOTS / DURATION from below (1,000 jobs on 64 slots: 16 waves, 125/s);
 - ``submit_to_start_p50_s``, ``submit_to_start_p99_s``: from the submission request's sending to the
-  start the job wrote (queueing included: the pool is the limit, so later jobs wait for slots).
+  start the job wrote (queueing included: the pool is the limit, so later jobs wait for slots);
+- CPU per job during phase 1: ``server_cpu_ms_per_job`` (the server process), ``jobs_cpu_ms_per_job``
+  (the jobs' own processes: exit wrapper and command), ``client_cpu_ms_per_job`` (this process;
+  ``client_cpu_ms_per_submit``: while it submits). The three share the machine's cores.
 
 Phase 2 (preemption): SLOTS long jobs in ``BORROW`` borrow the whole pool; once all have started, one
 job arrives in ``LEND``, which reclaims its share: ``preemption_to_start_s`` is the time from that
