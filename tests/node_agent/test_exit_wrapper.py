@@ -118,7 +118,9 @@ async def test_a_restarted_agent_finds_the_wrapper_by_its_exit_file(
     script = f"while [ ! -e {release} ]; do sleep 0.02; done; exit 4"
     record = AdoptRecord(runtime="process", pid=None, pgid=None, start_time=None, exit_path=str(exit_file))
     runtime = ProcessRuntime(exit_wrapper=exit_wrapper)
-    with subprocess.Popen([*exit_wrapper, str(exit_file), "sh", "-c", script], start_new_session=True) as proc:
+    with subprocess.Popen(
+        [*exit_wrapper, str(exit_file), "sh", "-c", script], start_new_session=True
+    ) as proc:
         handle = runtime.adopt(record)
         assert handle is not None and handle.pid == proc.pid
         release.touch()

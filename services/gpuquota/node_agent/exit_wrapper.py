@@ -3,13 +3,13 @@
 ``python exit_wrapper.py EXIT_FILE COMMAND [ARG...]``. The process runtime starts every attempt
 through this script (as the leader of the attempt's process group) where the C wrapper with the same
 contract, ``exit_wrapper.c``, is not built (``gpuquota.node_agent.native_wrapper``). It runs the
-command as its child (same group, working directory, environment and output), waits for it, and writes ``{"exit_code": N}`` or ``{"signal": N}`` to ``EXIT_FILE``
-(atomically; ``{"exit_code": 127, "error": "..."}`` when the command cannot start), then ends the
-same way as the command (it re-raises the signal), so an agent that is still its parent sees the
-usual exit status. A restarted agent, which is not the parent any more, reads ``EXIT_FILE`` instead
-(``gpuquota.node_agent.runtime.read_exit``); one that never recorded the wrapper's pid finds the
-wrapper by its EXIT_FILE argument (``procs.leader_with_argument``: a pid file per attempt was one more
-file to make and delete).
+command as its child (same group, working directory, environment and output), waits for it, and
+writes ``{"exit_code": N}`` or ``{"signal": N}`` to ``EXIT_FILE`` (atomically; ``{"exit_code": 127,
+"error": "..."}`` when the command cannot start), then ends the same way as the command (it re-raises
+the signal), so an agent that is still its parent sees the usual exit status. A restarted agent,
+which is not the parent any more, reads ``EXIT_FILE`` instead (``gpuquota.node_agent.runtime.read_exit``);
+one that never recorded the wrapper's pid finds the wrapper by its EXIT_FILE argument
+(``procs.leader_with_argument``: a pid file per attempt was one more file to make).
 
 SIGTERM, SIGINT and SIGHUP reach the whole group; the wrapper only waits for the command to react.
 The script imports nothing from gpuquota (nor json, nor subprocess) and runs with ``-I -S``: it costs a
