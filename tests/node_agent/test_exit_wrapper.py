@@ -3,7 +3,6 @@ them: what they record, what the command inherits, how they end. Every test runs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import time
 from pathlib import Path
 
 from gpuquota.node_agent import native_wrapper
-from gpuquota.node_agent.runtime import AdoptRecord, Outcome, ProcessRuntime
 
 
 def wrap(wrapper: tuple[str, ...], tmp_path: Path, *command: str) -> tuple[int, dict[str, object], str]:
@@ -23,12 +21,13 @@ def wrap(wrapper: tuple[str, ...], tmp_path: Path, *command: str) -> tuple[int, 
     return done.returncode, json.loads(exit_file.read_text()), done.stdout
 
 
-def test_exit_code_and_no_other_file(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:
+def test_exit_code_and_pid_file(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:
     exit_file = tmp_path / "exit.json"
     with subprocess.Popen([*exit_wrapper, str(exit_file), "sh", "-c", "exit 3"]) as proc:
         assert proc.wait(30) == 3
     assert json.loads(exit_file.read_text()) == {"exit_code": 3}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit.json"]  # no pid file, no temporary
+    assert (tmp_path / "exit.json.pid").read_text() == str(proc.pid)
+    assert not (tmp_path / "exit.json.tmp").exists()
 
 
 def test_a_signal_is_recorded_and_raised_again(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:
@@ -107,24 +106,3 @@ def test_the_runtime_uses_the_compiled_wrapper_when_built() -> None:
 
     expected = native_wrapper.native_command() or native_wrapper.python_command()
     assert ProcessRuntime().exit_wrapper == expected
-
-
-async def test_a_restarted_agent_finds_the_wrapper_by_its_exit_file(
-    exit_wrapper: tuple[str, ...], tmp_path: Path
-) -> None:
-    """The agent died after the launch, before it recorded the pid: the wrapper is found by its exit
-    file (its argument), adopted while it runs, and its outcome read once it has ended."""
-    exit_file, release = tmp_path / "exit.json", tmp_path / "release"
-    script = f"while [ ! -e {release} ]; do sleep 0.02; done; exit 4"
-    record = AdoptRecord(runtime="process", pid=None, pgid=None, start_time=None, exit_path=str(exit_file))
-    runtime = ProcessRuntime(exit_wrapper=exit_wrapper)
-    with subprocess.Popen(
-        [*exit_wrapper, str(exit_file), "sh", "-c", script], start_new_session=True
-    ) as proc:
-        handle = runtime.adopt(record)
-        assert handle is not None and handle.pid == proc.pid
-        release.touch()
-        assert proc.wait(30) == 4
-        assert await asyncio.wait_for(handle.wait(), 30) == Outcome(exit_code=4)
-    ended = runtime.adopt(record)  # after the end: its recorded outcome
-    assert ended is not None and await ended.wait() == Outcome(exit_code=4)

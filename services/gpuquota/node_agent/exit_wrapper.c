@@ -4,14 +4,13 @@
  *
  * The process runtime starts every attempt through it (as the leader of the attempt's process group)
  * when `make native` could build it (gpuquota.node_agent.native_wrapper), else through exit_wrapper.py.
- * It runs COMMAND as its child (same group, working directory, environment and output; SIGPIPE
- * and SIGXFSZ at their defaults), waits for it, and writes
+ * It writes its pid to EXIT_FILE.pid, runs COMMAND as its child (same group, working directory,
+ * environment and output; SIGPIPE and SIGXFSZ at their defaults), waits for it, and writes
  * {"exit_code": N} or {"signal": N} to EXIT_FILE (atomically: EXIT_FILE.tmp renamed), then ends the
  * same way as the command (it raises the signal again), so an agent that is still its parent sees the
  * usual exit status. A command that cannot be started is recorded as
  * {"exit_code": 127, "error": "..."} and the wrapper exits with 127. A restarted agent, which is not
- * the parent any more, reads EXIT_FILE (gpuquota.node_agent.runtime.read_exit); one that never
- * recorded the wrapper's pid finds it by its EXIT_FILE argument (procs.leader_with_argument).
+ * the parent any more, reads EXIT_FILE (gpuquota.node_agent.runtime.read_exit).
  *
  * SIGTERM, SIGINT and SIGHUP reach the whole group; the wrapper only waits for the command to react
  * (it catches them with a handler that does nothing; exec gives the command the defaults back).
@@ -77,6 +76,16 @@ static void write_atomically(const char *path, const char *text) {
     free(tmp);
 }
 
+/* EXIT_FILE.pid: the wrapper's pid, for an agent that restarts while the command runs. */
+static void write_pid_file(const char *exit_path) {
+    char *path = with_suffix(exit_path, ".pid");
+    if (path == NULL) return;
+    char text[32];
+    snprintf(text, sizeof text, "%ld", (long)getpid());
+    write_file(path, text);
+    free(path);
+}
+
 /* Appends `text` to `out` as the inside of a JSON string (out has room for 6 bytes per byte). */
 static char *json_escape(char *out, const char *text) {
     for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
@@ -131,6 +140,7 @@ int main(int argc, char **argv) {
     handler.sa_handler = ignore_but_interrupt; /* a handler, not SIG_IGN: the command gets defaults */
     sigemptyset(&handler.sa_mask);
     for (size_t i = 0; i < FORWARDED_COUNT; i++) sigaction(forwarded[i], &handler, NULL);
+    write_pid_file(exit_path);
 
     /* the agent's Python ignores SIGPIPE and SIGXFSZ; the command gets them back at their defaults */
     signal(SIGPIPE, SIG_DFL);

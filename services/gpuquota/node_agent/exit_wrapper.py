@@ -2,14 +2,13 @@
 
 ``python exit_wrapper.py EXIT_FILE COMMAND [ARG...]``. The process runtime starts every attempt
 through this script (as the leader of the attempt's process group) where the C wrapper with the same
-contract, ``exit_wrapper.c``, is not built (``gpuquota.node_agent.native_wrapper``). It runs the
-command as its child (same group, working directory, environment and output), waits for it, and
-writes ``{"exit_code": N}`` or ``{"signal": N}`` to ``EXIT_FILE`` (atomically; ``{"exit_code": 127,
-"error": "..."}`` when the command cannot start), then ends the same way as the command (it re-raises
-the signal), so an agent that is still its parent sees the usual exit status. A restarted agent,
-which is not the parent any more, reads ``EXIT_FILE`` instead (``gpuquota.node_agent.runtime.read_exit``);
-one that never recorded the wrapper's pid finds the wrapper by its EXIT_FILE argument
-(``procs.leader_with_argument``: a pid file per attempt was one more file to make).
+contract, ``exit_wrapper.c``, is not built (``gpuquota.node_agent.native_wrapper``). It writes its pid
+to ``EXIT_FILE.pid``, runs the command as its child (same group, working directory, environment and
+output), waits for it, and writes ``{"exit_code": N}`` or ``{"signal": N}`` to ``EXIT_FILE``
+(atomically; ``{"exit_code": 127, "error": "..."}`` when the command cannot start), then ends the
+same way as the command (it re-raises the signal), so an agent that is still its parent sees the
+usual exit status. A restarted agent, which is not the parent any more, reads ``EXIT_FILE`` instead
+(``gpuquota.node_agent.runtime.read_exit``).
 
 SIGTERM, SIGINT and SIGHUP reach the whole group; the wrapper only waits for the command to react.
 The script imports nothing from gpuquota (nor json, nor subprocess) and runs with ``-I -S``: it costs a
@@ -45,6 +44,8 @@ def main(argv: list[str]) -> int:
     exit_path, command = argv[0], argv[1:]
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # a handler, not SIG_IGN: the command gets the defaults
+    with open(f"{exit_path}.pid", "w") as out:
+        out.write(str(os.getpid()))
     try:
         # posix_spawnp reports a failed exec here, as subprocess does (glibc's spawn uses vfork)
         child = os.posix_spawnp(command[0], command, os.environ, setsigdef=_RESTORED)

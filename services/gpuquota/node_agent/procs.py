@@ -62,24 +62,6 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def leader_with_argument(argument: str) -> int | None:
-    """The live process that leads its own group and has ``argument`` as one of its arguments (the
-    exit wrapper of an attempt, by its exit file); None if there is none, or no ``/proc`` to look in."""
-    if not _PROC.is_dir():
-        return None
-    wanted = os.fsencode(argument)
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if wanted in argv and _leads_live_group(int(entry.name)):
-            return int(entry.name)
-    return None
-
-
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -332,8 +332,7 @@ class ProcessRuntime:
     ) -> AttemptHandle | None:
         """A handle on a still running instance, or on how it ended (its exit file); None: unknown."""
         if pid is None and exit_file is not None:
-            # the agent died between the launch and its record of the pid: the wrapper names its exit file
-            pid = procs.leader_with_argument(exit_file)
+            pid = _wrapper_pid(exit_file)  # the agent died between the launch and its record
             start_time = None if pid is None else procs.start_time(pid)
         if pid is not None and self._still_runs(pid, start_time):
             return ProcessHandle(pid, None, start_time, self._poll, exit_file)
@@ -376,6 +375,13 @@ class _Gone(NoProcess):
 
     async def wait(self) -> Outcome:
         return Outcome(exit_code=None, reason="exit status unknown (ended while the node agent was down)")
+
+
+def _wrapper_pid(exit_path: str) -> int | None:
+    try:
+        return int(Path(f"{exit_path}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 # ----- simulated runtime ---------------------------------------------------------------------------

@@ -10,10 +10,10 @@ than its launches. Changes now fall into three kinds:
 - **before a send** (``changed(before_send=True)``): a final report is on disk before it is sent, so a
   restarted agent sends it again if its delivery was not confirmed. The sender awaits ``before_send``
   before each batch it sends: one write covers every final report of the batch.
-- **in a while** (``changed()``): what a restart can do without (the pid after a launch: a
-  restarted agent finds the exit wrapper by its exit file; an attempt forgotten after its final
-  report was delivered: it would be reported again, and the scheduler takes reports idempotently).
-  Written within ``delay`` seconds, or with the next write of another kind, whichever comes first.
+- **in a while** (``changed()``): what a restart can do without (the pid after a launch: the exit
+  wrapper's pid file names it too; an attempt forgotten after its final report was delivered: it would
+  be reported again, and the scheduler takes reports idempotently). Written within ``delay`` seconds,
+  or with the next write of another kind, whichever comes first.
 
 Writes run one at a time (a lock), each encoding the records when it begins, so a later write always
 holds later records. ``save`` writes at once on the loop (start-up); ``close`` waits for the writes
