@@ -60,12 +60,14 @@ class AttemptBook:
             return {}
         return dict(doc.get("attempts") or {})
 
-    def save(self, attempts: dict[str, dict[str, Any]]) -> None:
+    def save(self, attempts: dict[str, str]) -> None:
         self.write(self.encode(attempts))
 
-    def encode(self, attempts: dict[str, dict[str, Any]]) -> str:
-        # compact: with ``indent`` the json module falls back to its pure-Python encoder (10 times slower)
-        return json.dumps({"node_id": self.node_id, "attempts": attempts}, separators=(",", ":"))
+    def encode(self, attempts: dict[str, str]) -> str:
+        """The text of ``state.json`` from each attempt's record, already encoded (``Attempt.encoded``):
+        a write joins them instead of encoding every attempt it holds again."""
+        entries = ",".join(f"{json.dumps(aid)}:{text}" for aid, text in attempts.items())
+        return f'{{"node_id":{json.dumps(self.node_id)},"attempts":{{{entries}}}}}'
 
     def write(self, text: str) -> None:
         """Replaces ``state.json`` with ``text`` atomically (any thread; one write at a time)."""
@@ -138,6 +140,8 @@ class Attempt:
     """The last status reported."""
     final: AttemptReport | None = None
     """The final report, until its send succeeded (then the attempt is forgotten)."""
+    _encoded: tuple[tuple[Any, ...], str] | None = field(default=None, repr=False, compare=False)
+    """(what the record depends on, the record encoded): ``encoded``'s cache."""
 
     def move(self, to: AttemptPhase) -> None:
         """Move to phase ``to`` (``ATTEMPT_TRANSITIONS``); moving to the phase it is in changes nothing."""
@@ -152,24 +156,36 @@ class Attempt:
         return self.phase is AttemptPhase.LAUNCHING or self.phase is AttemptPhase.RUNNING
 
     @cached_property
-    def command_record(self) -> dict[str, Any]:
+    def command_json(self) -> str:
         """The ``RunAttempt`` as ``state.json`` holds it (encoded once: the file is rewritten often)."""
-        return self.command.model_dump(mode="json")
+        return json.dumps(self.command.model_dump(mode="json"), separators=(",", ":"))
 
-    def record(self, runtime: str) -> dict[str, Any]:
-        """This attempt's entry in ``state.json``."""
+    def _state(self, runtime: str) -> dict[str, Any]:
+        """This attempt's entry in ``state.json``, but its ``command`` and ``final``."""
         handle = self.handle
         return {
-            "command": self.command_record,
             "runtime": runtime,
             "pid": None if handle is None else handle.pid,
             "pgid": None if handle is None else handle.pgid,
             "start_time": None if handle is None else handle.start_time,
-            "members": [] if handle is None else getattr(handle, "member_records", []),
+            "members": () if handle is None else tuple(getattr(handle, "member_records", ())),
             "started_at": self.started_at,
             "status": self.status,
-            "final": None if self.final is None else self.final.model_dump(mode="json"),
         }
+
+    def encoded(self, runtime: str) -> str:
+        """This attempt's entry in ``state.json``, encoded; encoded again only when it changed (a
+        write holds every attempt of the node, and most have not changed since the last one).
+
+        A record changes only through the fields of the key (a handle's pid, group and start time
+        are set when it is made); each is compared by identity, so a new value always counts."""
+        key = (runtime, self.handle, self.started_at, self.status, self.final)
+        cached = self._encoded
+        if cached is None or any(old is not new for old, new in zip(cached[0], key, strict=True)):
+            final = None if self.final is None else self.final.model_dump(mode="json")
+            rest = json.dumps({**self._state(runtime), "final": final}, separators=(",", ":"))
+            cached = self._encoded = (key, f'{{"command":{self.command_json},{rest[1:]}')
+        return cached[1]
 
     def known(self) -> NodeAttempt:
         """What the registration and the heartbeats say of this attempt."""

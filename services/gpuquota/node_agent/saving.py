@@ -33,8 +33,8 @@ from gpuquota.node_agent.records import AttemptBook
 @dataclass(eq=False)
 class StateSaver:
     book: AttemptBook
-    records: Callable[[], dict[str, dict[str, Any]]]
-    """The agent's records as ``state.json`` holds them, taken when a write begins."""
+    records: Callable[[], dict[str, str]]
+    """The agent's records as ``state.json`` holds them (each encoded), taken when a write begins."""
     delay: float = 0.05
     """At most this many seconds between an "in a while" change and its write."""
     writes: int = field(default=0, init=False)
