@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 from urllib.request import urlopen
 
 from benchmarks.report import print_result
+from benchmarks.server_cpu import process_cpu_seconds
 
 QUEUE = "jq"
 SHARES = ("QS1", "QS2", "QS3")
@@ -123,9 +124,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far (all its threads)."""
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

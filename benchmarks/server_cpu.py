@@ -24,6 +24,16 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
+def process_cpu_seconds(pid: int, *, waited_children: bool = False) -> float:
+    """User + system CPU of ``pid`` (all its threads) so far, or, with ``waited_children``, of the
+    children it has waited for (with theirs)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    first = 13 if waited_children else 11  # cutime, cstime / utime, stime
+    return (int(fields[first]) + int(fields[first + 1])) / CLOCK_TICKS
+
+
 def _own_and_waited_ticks(fields: list[str]) -> int:
     return sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from benchmarks.gateway import Server, create_queue
 from benchmarks.report import print_result
+from benchmarks.server_cpu import process_cpu_seconds
 
 UNIT = "ml.g5.xlarge"
 QUEUE = "throughput"
@@ -265,9 +266,7 @@ def kill_leftovers(starts: Path) -> None:
 def children_cpu_seconds(pid: int) -> float:
     """User + system CPU of the children ``pid`` has waited for (with theirs): the server reaps every
     attempt's exit wrapper, which reaps the job's command, so this is the CPU of the jobs' processes."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_seconds(pid, waited_children=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
