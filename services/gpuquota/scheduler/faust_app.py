@@ -30,8 +30,10 @@ scheduler, the gateway and node agents in one process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,9 +53,10 @@ from gpuquota.adapters.kafka import (
 )
 from gpuquota.adapters.partitioner import default_partition
 from gpuquota.observe.metrics import Timings
-from gpuquota.scheduler.faust_transport import RawSchema, SchedulerApp
+from gpuquota.scheduler.faust_transport import Inbox, RawSchema, SchedulerApp
 from gpuquota.scheduler.loop import JobStateRecord
-from gpuquota.scheduler.pipeline import Pipeline, PipelineFailed, PipelineSettings
+from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, PipelineSettings
+from gpuquota.scheduler.records import SourceRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult
@@ -95,6 +98,8 @@ class SchedulerConfig(PipelineSettings):
 
 _WAITING_BATCHES = 8
 """Batches of records that may wait for the agent before the consumer stops fetching."""
+_BATCHES_IN_FLIGHT = 2
+"""Batches handed to the pipeline and not yet settled: the next is decided while one is appended."""
 _PUBLISH_BATCH_BYTES = 512 * 1024
 """Most bytes in one produced batch (aiokafka's default: 16 KiB; the broker takes up to 1 MiB)."""
 
@@ -247,12 +252,12 @@ class SchedulerService:
         @app.agent(inputs, concurrency=1, name=f"{self.topics.prefix}scheduler")
         async def scheduler(stream: faust.StreamT[bytes]) -> None:
             inbox = app.inbox(stream, most_waiting=_WAITING_BATCHES * max(1, cfg.batch_max))
+            flight: deque[asyncio.Future[list[Outcome]]] = deque()
             async for records in inbox.batches(max(1, cfg.batch_max), cfg.batch_linger):
-                started = time.perf_counter()
-                if not await self._guard(self._pipeline().handle_batch(records)):
+                while flight and (flight[0].done() or len(flight) >= _BATCHES_IN_FLIGHT):
+                    await asyncio.wait([flight.popleft()])
+                if self.failure is not None or not await self._guard(self._start(inbox, records, flight)):
                     return
-                self.timings.step.observe(time.perf_counter() - started)
-                inbox.ack(records)
 
         async def ticker() -> None:
             await self._guard(self._pipeline().tick())
@@ -268,6 +273,26 @@ class SchedulerService:
         app.on_partitions_assigned.connect(cast(Any, on_assigned))
         app.finalize()
         return app
+
+    async def _start(
+        self, inbox: Inbox, records: list[SourceRecord], flight: deque[asyncio.Future[list[Outcome]]]
+    ) -> None:
+        """Hand ``records`` to the pipeline; ack them once they are recorded and published."""
+        started = time.perf_counter()
+        settling = await self._pipeline().start_batch(records)
+        settling.add_done_callback(functools.partial(self._settled, inbox, records, started))
+        flight.append(settling)
+
+    def _settled(
+        self, inbox: Inbox, records: list[SourceRecord], started: float, settling: asyncio.Future[object]
+    ) -> None:
+        if settling.cancelled():
+            return
+        if (exc := settling.exception()) is not None:
+            self._fail(exc)
+            return
+        self.timings.step.observe(time.perf_counter() - started)
+        inbox.ack(records)
 
     def _pipeline(self) -> Pipeline:
         assert self.pipeline is not None, "start() first"

@@ -53,6 +53,11 @@ batch was recorded before: ``recorded_inputs`` names every such input, they are 
 ``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had committed).
 Nothing is published for a batch that is not recorded.
 
+Two batches in flight (``start_batch``, ``scheduler.flight``): while a pool's batch is being appended
+the agent steps the next one on the state the first left; its append and publications follow once
+the first has settled, so appends stay in log order and publications in decision order, and a batch
+whose state was dropped before it was recorded is decided again after the redo of the one before.
+
 Ticks (``tick()``) are decided directly through the same path (decide, append, publish) for the pools
 this worker holds, once a pool has been loaded for ``tick_grace_seconds``: a scheduler that was down
 must first read the heartbeats queued meanwhile before it may declare nodes lost.
@@ -62,33 +67,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 
-from gpuquota.adapters.event_store import (
-    DuplicateInput,
-    EventStore,
-    Position,
-    Snapshot,
-    StaleWriter,
-)
+from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, StaleWriter
 from gpuquota.clock import Clock, wall_clock_ms
+from gpuquota.scheduler.flight import BatchFlight, Item, Outcome, PipelineFailed, Tail, gathered
 from gpuquota.scheduler.loop import (
     Appender,
     JobStateRecord,
-    LoopFailed,
     OnAppend,
     RetryPolicy,
-    StepBatch,
     answers,
     decide_one,
 )
-from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, SnapshotPacing, Stats
+from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
 from gpuquota.wire import inputs as inp
@@ -99,7 +95,6 @@ from gpuquota.wire.inputs import SchedulerInput
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-_STALE_RETRIES = 3
 
 __all__ = [
     "JobStateRecord",
@@ -112,42 +107,10 @@ __all__ = [
 ]
 
 
-class Outcome(enum.Enum):
-    DECIDED = "decided"
-    QUIET = "quiet"
-    """Decided nothing (a tick or heartbeat without events): not recorded."""
-    DUPLICATE = "duplicate"
-    SKIPPED = "skipped"
-    """Below the pool's recorded position: decided before."""
-    DEAD_LETTER = "dead-letter"
-    NOT_OWNED = "not-owned"
-
-
-PipelineFailed = LoopFailed
-"""The pipeline cannot continue (a publication failed, the store stayed unreachable)."""
-
-
-class _Redo(Exception):
-    """Inputs of a batch were recorded before: they are marked; decide the rest again on a reload."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Item:
-    """A decoded record of a batch: its index in the batch, its input and its position."""
-
-    index: int
-    message: SchedulerInput
-    position: Position
-
-    @property
-    def offset(self) -> int:
-        return self.position.next_offset - 1
-
-
 _DEFAULTS = PipelineSettings()
 
 
-class Pipeline(SnapshotPacing):
+class Pipeline(BatchFlight):
     """Per-pool states of one scheduler worker; see the module docstring."""
 
     def __init__(
@@ -183,6 +146,7 @@ class Pipeline(SnapshotPacing):
         self._loading: dict[str, asyncio.Lock] = {}
         self._partitions: dict[str, TopicPartition] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._tails: dict[str, Tail] = {}
         self._failure: BaseException | None = None
 
     # ----- the agent's loop body ---------------------------------------------------------------
@@ -194,9 +158,14 @@ class Pipeline(SnapshotPacing):
 
     async def handle_batch(self, records: Sequence[SourceRecord]) -> list[Outcome]:
         """Handle records consumed together, in order per pool; one outcome per record."""
+        return await (await self.start_batch(records))
+
+    async def start_batch(self, records: Sequence[SourceRecord]) -> asyncio.Future[list[Outcome]]:
+        """Decide ``records`` now; the future settles (one outcome per record) once they are recorded
+        and published. The next batch may be started meanwhile ("Two batches in flight")."""
         self._check()
         outcomes: list[Outcome] = [Outcome.DEAD_LETTER] * len(records)
-        pools: dict[str, list[_Item]] = {}
+        pools: dict[str, list[Item]] = {}
         for index, record in enumerate(records):
             decoded = decode(record, self.default_pool)
             if isinstance(decoded, str):
@@ -205,125 +174,18 @@ class Pipeline(SnapshotPacing):
             pool, message = decoded
             self._partitions[pool] = (record.topic, record.partition)
             position = Position(record.topic, record.partition, record.offset + 1)
-            pools.setdefault(pool, []).append(_Item(index, message, position))
-        for pool, items in pools.items():
-            done = await self._handle_pool(pool, items)
-            for item in items:
-                outcomes[item.index] = done[item.index]
-        return outcomes
-
-    async def _handle_pool(self, pool: str, items: list[_Item]) -> dict[int, Outcome]:
-        """Decide ``items`` (one pool's records of a batch, in order); outcomes by batch index."""
-        done: dict[int, Outcome] = {}
-        stale = 0
-        while stale < _STALE_RETRIES:
-            runtime = await self.runtime(pool)
-            async with runtime.lock:
-                if runtime.dropped:
-                    stale += 1
-                    continue  # replaced while we waited for the lock
-                try:
-                    await self._decide_items(runtime, [i for i in items if i.index not in done], done)
-                    return done
-                except _Redo:
-                    continue  # the duplicates are marked done; the state is dropped: reload
-                except StaleWriter as exc:
-                    self.stats.stale += 1
-                    log.warning("pool %s: %s; dropping its state", pool, exc)
-                    self.drop(pool)
-                    stale += 1
-            topic, partition = items[0].position.topic, items[0].position.partition
-            if not self.owns(topic, partition):
-                return {i.index: done.get(i.index, Outcome.NOT_OWNED) for i in items}
-        raise PipelineFailed(f"pool {pool}: another writer keeps appending to the log")
-
-    async def _decide_items(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
-        """Skip what was decided before, then decide the rest: alone, or as one batch."""
-        todo: list[_Item] = []
-        ids: set[str] = set()
-        for item in items:
-            pos = item.position
-            if item.offset < runtime.positions.get((pos.topic, pos.partition), 0):
-                self.stats.skipped += 1
-                done[item.index] = Outcome.SKIPPED
-            elif item.message.event_id in ids:
-                self.stats.duplicates += 1  # produced twice and consumed in one batch
-                done[item.index] = Outcome.DUPLICATE
-            else:
-                ids.add(item.message.event_id)
-                todo.append(item)
-        if len(todo) == 1:
-            (item,) = todo
-            done[item.index] = await self._decide(runtime, item.message, item.position)
-        elif todo:
-            await self._decide_batch(runtime, todo, done)
-
-    async def _decide_batch(self, runtime: PoolRuntime, items: list[_Item], done: dict[int, Outcome]) -> None:
-        """Step each input on the live state, append them all in one transaction, then publish."""
-        state = runtime.state
-        batch: StepBatch[_Item] = StepBatch(answers(runtime.pool, self.clock))
-        entries = batch.entries
-        since = runtime.since_snapshot
-        snapshot: Snapshot | None = None
-        try:
-            for item in items:
-                if not batch.step(state, item, item.message, item.position):
-                    continue  # quiet: not recorded
-                since += 1
-                if self._snapshot_due(runtime, since):  # at its exact sequence, as one at a time would
-                    snapshot = self._dump(runtime, runtime.seq + len(entries))
-                    since = 0
-        except BaseException:
-            self.drop(runtime.pool)  # the state is ahead of the log
-            raise
-        decided = batch.recorded
-        if entries:
-            try:
-                runtime.seq = await self.appender.append_many(runtime.pool, runtime.seq, entries)
-            except DuplicateInput as exc:
-                self.drop(runtime.pool)
-                await self._mark_recorded(runtime.pool, decided, done, exc)
-                raise _Redo() from exc
-            except BaseException:
-                self.drop(runtime.pool)  # whether the batch was recorded, a reload will tell
-                raise
-        for item in batch.quiet:
-            self.stats.quiet += 1
-            done[item.index] = Outcome.QUIET
-        for item in decided:
-            runtime.positions[(item.position.topic, item.position.partition)] = item.position.next_offset
-            done[item.index] = Outcome.DECIDED
-        runtime.inflight.extend(self._watch(await batch.effects.publish(self.publisher)))
-        self.stats.decided += len(decided)
-        self.stats.batches += 1 if entries else 0
-        runtime.since_snapshot = since
-        if snapshot is not None:
-            self._snapshot(runtime, snapshot)
-
-    async def _mark_recorded(
-        self, pool: str, items: list[_Item], done: dict[int, Outcome], exc: DuplicateInput
-    ) -> None:
-        """Mark the items whose inputs the store has recorded already as duplicates."""
-        ids = [item.message.event_id for item in items]
-        recorded = await self.retry.call(
-            functools.partial(self.store.recorded_inputs, ids), f"pool {pool}: duplicates"
-        )
-        if not recorded:
-            raise StaleWriter(f"pool {pool}: a batch was refused as a duplicate ({exc}), none is recorded")
-        for item in items:
-            if item.message.event_id in recorded:
-                self.stats.duplicates += 1
-                done[item.index] = Outcome.DUPLICATE
-        log.info(
-            "pool %s: %d duplicate input(s) in a batch; reloading to decide the rest", pool, len(recorded)
-        )
+            pools.setdefault(pool, []).append(Item(index, message, position))
+        started = [(items, await self._start_pool(pool, items)) for pool, items in pools.items()]
+        return asyncio.ensure_future(gathered(outcomes, started))
 
     async def tick(self) -> None:
         """Decide a ``Tick`` for every pool held here (and past its grace period) that is idle."""
         self._check()
         now = time.monotonic()
         for pool, runtime in list(self.runtimes.items()):
-            if runtime.lock.locked() or now - runtime.loaded_at < self.tick_grace_seconds:
+            if runtime.lock.locked() or self._in_flight(pool):
+                continue  # busy: the tick can wait
+            if now - runtime.loaded_at < self.tick_grace_seconds:
                 continue
             async with runtime.lock:
                 if runtime.dropped:
@@ -332,9 +194,11 @@ class Pipeline(SnapshotPacing):
                 try:
                     await self._decide(runtime, message, None)
                 except StaleWriter as exc:
-                    self.stats.stale += 1
-                    log.warning("pool %s: %s; dropping its state", pool, exc)
-                    self.drop(pool)
+                    self._stale(pool, exc)
+
+    def _in_flight(self, pool: str) -> bool:
+        tail = self._tails.get(pool)
+        return tail is not None and not tail.done.done()
 
     # ----- partitions ----------------------------------------------------------------------------
 
@@ -455,7 +319,10 @@ class Pipeline(SnapshotPacing):
             await asyncio.gather(*await self.publisher.publish([], [], [answer]))
 
     async def flush(self) -> None:
-        """Wait for every publication handed out so far and every snapshot being saved."""
+        """Wait for every batch in flight, every publication handed out so far and every snapshot
+        being saved."""
+        while pending := [tail.done for tail in self._tails.values() if not tail.done.done()]:
+            await asyncio.wait(pending)
         for runtime in list(self.runtimes.values()):
             await asyncio.gather(*runtime.inflight, return_exceptions=True)
         while self._background:
@@ -463,7 +330,12 @@ class Pipeline(SnapshotPacing):
         self._check()
 
     async def close(self) -> None:
+        tails = [tail.done for tail in self._tails.values()]
+        for tail in tails:
+            tail.cancel()
+        await asyncio.gather(*tails, return_exceptions=True)
         for task in list(self._background):
             task.cancel()
+        for task in list(self._background):
             with contextlib.suppress(asyncio.CancelledError):
                 await task

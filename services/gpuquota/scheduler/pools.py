@@ -121,10 +121,10 @@ class SnapshotPacing:
 
     def _snapshot(self, runtime: PoolRuntime, snapshot: Snapshot | None = None) -> None:
         """Save ``snapshot`` (default: of the state now) once the publications so far are delivered."""
-        if snapshot is None:
+        if snapshot is None:  # else the batch that dumped it counted its inputs after it
             snapshot = self._dump(runtime, runtime.seq)
+            runtime.since_snapshot = 0
         deliveries, runtime.inflight = runtime.inflight, []
-        runtime.since_snapshot = 0
         task = asyncio.create_task(self._save(runtime.pool, snapshot, deliveries))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
