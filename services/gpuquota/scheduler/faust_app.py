@@ -7,11 +7,14 @@ The app (id ``<prefix>gpuquota-scheduler``, which is also the consumer group) ha
 the records getmany-style (``faust_transport.Inbox``: the consumer hands each fetched partition's
 records over in one piece, not one faust event per record) in batches (``Inbox.batches``: all that
 arrived while the previous batch was handled, up to ``batch_max``, never waiting for more), and its
-loop body is ``Pipeline.handle_batch(records)``: decode or dead-letter, decide each pool's records in
+loop body is ``Pipeline.start_batch(records)``: decode or dead-letter, decide each pool's records in
 order, append them with their positions in one transaction, publish. Within a partition records are
-handled strictly in order. The agent acks a batch's records once the loop body has returned
-(``Inbox.ack``), and faust commits acked offsets every ``commit_interval``; those committed offsets are
-only advisory: the store's recorded positions decide what was already applied (see ``pipeline``).
+handled strictly in order. Two batches are in flight at most (``_BATCHES_IN_FLIGHT``): the next batch
+is decided while the one before is being appended (``scheduler.flight``). The agent acks a batch's
+records once that batch is recorded and published (``Inbox.ack``, from the batch's future), and
+faust commits acked offsets every ``commit_interval``; those committed offsets are only advisory: the
+store's recorded positions decide what was already applied (see ``pipeline``). A batch that fails
+fails the service.
 
 A faust timer runs ``Pipeline.tick()`` every ``tick_seconds`` (ticks are decided directly, not sent
 through the topic). On partition assignment (faust passes the whole new assignment) the pools of the
