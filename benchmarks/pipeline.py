@@ -29,6 +29,13 @@ only the ``JobDispatched`` records parsed). Reported:
   and ``dispatch_gaps_ms``, the longest pauses between consecutive dispatches (with the second of the
   run they began in): a stall shows as one window's p99 and one long gap.
 
+The pool is 8 nodes of ``--slots-per-node`` slots (default 32: 256 slots), and a job ends as soon as
+it starts, so a slot stays busy for one round trip of the loop: from the decision that dispatches a
+job, through its ``RunAttempt`` to the node player and the ``AttemptReport`` back into the inputs
+topic (behind the submissions queued before it), to the decision on that report. At R jobs per second
+the pool runs out when that round trip exceeds slots / R seconds (256 slots: 128 ms at 2,000/s, 85 ms
+at 3,000/s): jobs then wait for a slot, and that wait is part of submit-to-scheduled.
+
 The measured submissions follow ``--warmup`` seconds (default 10) of the same load, drained, whose jobs
 are not counted (``warmup_seconds``): a broker compiles its hot paths under its first load, which one
 that has run for a while has done.
@@ -66,6 +73,7 @@ from typing import Any
 
 from benchmarks.pipeline_drain import until_idle
 from benchmarks.pipeline_load import PoolSender, Watch, play_nodes_and_observe, started_producer, submit
+from benchmarks.pipeline_workload import NODES, SLOTS_PER_NODE
 from benchmarks.pipeline_workload import setup_inputs as setup_inputs
 from benchmarks.pipeline_workload import submission as submission
 from benchmarks.report import print_result
@@ -159,7 +167,12 @@ async def _scheduler_process(env: dict[str, str], log_path: Path) -> asyncio.sub
 
 
 async def throughput(
-    rate: float, seconds: float, drain: float, windows: float = 0.0, warmup: float = WARMUP_SECONDS
+    rate: float,
+    seconds: float,
+    drain: float,
+    windows: float = 0.0,
+    warmup: float = WARMUP_SECONDS,
+    slots_per_node: int = SLOTS_PER_NODE,
 ) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     topics, pool = KafkaTopics(f"bench-{run}."), f"bench-{run}"
@@ -181,7 +194,7 @@ async def throughput(
         watch, cpu = Watch(), ServerCpu({**servers, "scheduler": scheduler.pid})
         tasks = [asyncio.create_task(play_nodes_and_observe(kafka, topics, pool, watch))]
         try:
-            for message in setup_inputs(run):
+            for message in setup_inputs(run, slots=slots_per_node):
                 await producer.send_and_wait(topics.inputs, encode(message), key=pool.encode())
                 watch.inputs_sent += 1
             gc.set_threshold(*GC_THRESHOLDS)  # as ``gpuquota scheduler``: no full collection in a run
@@ -217,6 +230,7 @@ async def throughput(
     shutil.rmtree(workdir, ignore_errors=True)
     summary = _summary(watch, rate, seconds, windows)
     summary["warmup_seconds"] = warmup
+    summary["slots"] = NODES * slots_per_node
     jobs = max(1, len(watch.submitted))
     order = ("client", "scheduler", "broker", "database")
     per_job = {name: round(cpu.seconds[name] * 1000 / jobs, 3) for name in order if name in cpu.seconds}
@@ -379,13 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-every", type=int, default=1000, help="snapshot period (--recovery)")
     warm = f"seconds of load before the measured submissions, not measured (default {WARMUP_SECONDS:g})"
     parser.add_argument("--warmup", type=float, default=WARMUP_SECONDS, metavar="S", help=warm)
+    slots = f"slots per node, {NODES} nodes (default {SLOTS_PER_NODE}: the pool bounds the rate, see above)"
+    parser.add_argument("--slots-per-node", type=int, default=SLOTS_PER_NODE, metavar="N", help=slots)
     parser.add_argument("--windows", type=float, default=0.0, metavar="W", help="p99 per W-second window")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.recovery is not None:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
     else:
-        result = asyncio.run(throughput(args.rate, args.seconds, args.drain, args.windows, args.warmup))
+        result = asyncio.run(
+            throughput(args.rate, args.seconds, args.drain, args.windows, args.warmup, args.slots_per_node)
+        )
     print_result(result, args.json)
     return 0
 
