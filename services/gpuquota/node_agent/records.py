@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gpuquota.node_agent import swapfile
 from gpuquota.node_agent.runtime import AttemptHandle
 from gpuquota.wire.inputs import AttemptReport, AttemptStatus, NodeAttempt
 from gpuquota.wire.node_commands import RunAttempt
@@ -70,10 +71,9 @@ class AttemptBook:
         return f'{{"node_id":{json.dumps(self.node_id)},"attempts":{{{entries}}}}}'
 
     def write(self, text: str) -> None:
-        """Replaces ``state.json`` with ``text`` atomically (any thread; one write at a time)."""
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.state_path)
+        """Replaces ``state.json`` with ``text`` atomically (any thread; one write at a time), without
+        making or freeing an inode (``swapfile``: each freed one made the launches' files dearer)."""
+        swapfile.replace_text(self.state_path, text)
 
     def finished(self) -> list[str]:
         """The last ``KEEP_FINISHED`` finished attempt ids, oldest first (the file is compacted)."""
