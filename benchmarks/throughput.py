@@ -248,7 +248,8 @@ def starts_phase(url: str, args: argparse.Namespace, submitter: Submitter, start
 
 
 def preemption_phase(url: str, args: argparse.Namespace, submitter: Submitter, starts: Path) -> float:
-    long_jobs = submitter.submit(args.slots, BORROW, payload(job_command(args.job_command, starts, LONG_SECONDS)), "long")
+    long_body = payload(job_command(args.job_command, starts, LONG_SECONDS))
+    long_jobs = submitter.submit(args.slots, BORROW, long_body, "long")
     wait_for_starts(starts, list(long_jobs), 120)
     submitted = submitter.submit(1, LEND, payload(job_command(args.job_command, starts, 0)), "lender")
     ((job_id, sent),) = submitted.items()

@@ -27,7 +27,8 @@ async def test_an_unrecorded_wrapper_is_adopted_by_its_pid_record(
     with subprocess.Popen(argv, start_new_session=True) as wrapper:
         try:
             await wait_until(lambda: wrapper_pid(str(exit_file)), what="the wrapper's pid record")
-            handle = ProcessRuntime(poll_seconds=0.01, exit_wrapper=exit_wrapper).adopt(_unrecorded(exit_file))
+            runtime = ProcessRuntime(poll_seconds=0.01, exit_wrapper=exit_wrapper)
+            handle = runtime.adopt(_unrecorded(exit_file))
             assert isinstance(handle, ProcessHandle) and handle.pid == wrapper.pid
         finally:
             os.killpg(wrapper.pid, signal.SIGTERM)

@@ -284,7 +284,8 @@ class ProcessRuntime:
                 # their own: a wave of launches in the loop's default executor held up the other work
                 # queued there (the embedded scheduler's log appends, the agent's state.json writes)
                 start = functools.partial(self._start, spec, instance, index, master, port)
-                handles.append(await loop.run_in_executor(self._launcher, contextvars.copy_context().run, start))
+                in_context = functools.partial(contextvars.copy_context().run, start)
+                handles.append(await loop.run_in_executor(self._launcher, in_context))
         except BaseException:
             for handle in handles:
                 await handle.reap()
