@@ -104,7 +104,12 @@ class StateSaver:
             self._cancel_timer()
             self._dirty = self._before_send = False
             text = self.book.encode(self.records())  # on the loop: the records are the loop's
-            await asyncio.to_thread(self.book.write, text)
+            finished = self.book.take_finished()
+            try:
+                await asyncio.to_thread(self.book.write, text, finished)
+            except BaseException:
+                self.book.untake_finished(finished)  # the next write appends them
+                raise
             self.writes += 1
 
     def _timed(self) -> None:
