@@ -9,7 +9,8 @@ of SLOTS x ``ml.g5.xlarge``, one job queue and two quota shares of SLOTS / 2 eac
 SLOTS jobs at once.
 
 Phase 1 (starts): JOBS jobs of ``--duration`` seconds in ``BORROW``, each a short shell command,
-``date +%s.%N > DIR/$GPUQUOTA_JOB_ID.start; sleep DURATION``: every job writes its own start time.
+``busybox sh -c 'echo "$EPOCHREALTIME $$" > DIR/$GPUQUOTA_JOB_ID.start; sleep DURATION'``: every job
+writes its own start time (``--job-command date``: ``sh -c 'date +%s.%N > ...; sleep DURATION'``).
 They are submitted one ``SubmitServiceJob`` request each, from ``--clients`` threads (16 by default)
 with a boto3 client each; then the benchmark waits for every job to succeed. The pool, not the client,
 is to be the limit: each request waits for the server's group commit (tens of milliseconds on a busy
@@ -84,15 +85,15 @@ def setup(url: str, slots: int) -> None:
     batch.close()
 
 
-def payload(script: str) -> str:
+def payload(job: list[str]) -> str:
     return json.dumps(
         {
             "TrainingJobName": "throughput",
             "AlgorithmSpecification": {
                 "TrainingImage": "local",
                 "TrainingInputMode": "File",
-                "ContainerEntrypoint": ["sh", "-c"],
-                "ContainerArguments": [script],
+                "ContainerEntrypoint": job[:-1],
+                "ContainerArguments": job[-1:],
             },
             "ResourceConfig": {"InstanceType": UNIT, "InstanceCount": 1, "VolumeSizeInGB": 30},
             "RoleArn": "arn:aws:iam::000000000000:role/training",
@@ -102,10 +103,19 @@ def payload(script: str) -> str:
     )
 
 
-def job_script(starts: Path, seconds: float) -> str:
-    """The job writes its start time (and, for the benchmark's clean-up, its pid) before it sleeps."""
+#: ``--job-command``: what each job runs (``DIR/$GPUQUOTA_JOB_ID.start`` gets its start time and pid)
+JOB_COMMANDS = ("builtin", "date")
+
+
+def job_command(kind: str, starts: Path, seconds: float) -> list[str]:
+    """The job's command: it writes its start time and its pid (for the benchmark's clean-up) before it
+    sleeps. ``builtin`` (default): busybox's shell takes the time itself (``$EPOCHREALTIME``) and, as
+    the last command of ``-c``, execs its ``sleep``: one process. ``date`` (sessions 4-6): ``sh`` forks
+    ``date`` and then ``sleep``, three processes, and the pid in a second file."""
     job = f'{starts}/"$GPUQUOTA_JOB_ID"'
-    return f"date +%s.%N > {job}.start; echo $$ > {job}.pid; sleep {seconds}"
+    if kind == "builtin":
+        return ["busybox", "sh", "-c", f'echo "$EPOCHREALTIME $$" > {job}.start; sleep {seconds}']
+    return ["sh", "-c", f"date +%s.%N > {job}.start; echo $$ > {job}.pid; sleep {seconds}"]
 
 
 class Submitter:
@@ -162,7 +172,7 @@ def read_starts(starts: Path, job_ids: list[str]) -> dict[str, float]:
         except FileNotFoundError:
             continue
         if text:
-            found[job_id] = float(text)
+            found[job_id] = float(text.split()[0])
     return found
 
 
@@ -213,7 +223,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def starts_phase(url: str, args: argparse.Namespace, submitter: Submitter, starts: Path) -> dict[str, Any]:
-    body = payload(job_script(starts, args.duration))
+    body = payload(job_command(args.job_command, starts, args.duration))
     began, cpu = time.time(), time.process_time()
     submitted = submitter.submit(args.jobs, BORROW, body, "job")
     submit_seconds = time.time() - began
@@ -238,9 +248,10 @@ def starts_phase(url: str, args: argparse.Namespace, submitter: Submitter, start
 
 
 def preemption_phase(url: str, args: argparse.Namespace, submitter: Submitter, starts: Path) -> float:
-    long_jobs = submitter.submit(args.slots, BORROW, payload(job_script(starts, LONG_SECONDS)), "long")
+    long_body = payload(job_command(args.job_command, starts, LONG_SECONDS))
+    long_jobs = submitter.submit(args.slots, BORROW, long_body, "long")
     wait_for_starts(starts, list(long_jobs), 120)
-    submitted = submitter.submit(1, LEND, payload(job_script(starts, 0)), "lender")
+    submitted = submitter.submit(1, LEND, payload(job_command(args.job_command, starts, 0)), "lender")
     ((job_id, sent),) = submitted.items()
     started = wait_for_starts(starts, [job_id], 120 + args.slots)
     batch = batch_client(url)
@@ -252,14 +263,17 @@ def preemption_phase(url: str, args: argparse.Namespace, submitter: Submitter, s
 
 def kill_leftovers(starts: Path) -> None:
     """Ends what a job left behind (the long jobs if their termination did not go through): only a
-    process whose command line names this run's start directory, so a reused pid is never signalled."""
-    for pid_file in starts.glob("*.pid"):
+    process group whose leader (the job's exit wrapper) names this run's directory on its command line
+    (its exit file), so a reused pid is never signalled. The pid is in the job's ``.pid`` file (``date``
+    command) or after its start time (``builtin``)."""
+    run_dir = str(starts.parent).encode()
+    for written in [*starts.glob("*.pid"), *starts.glob("*.start")]:
         try:
-            pid = int(pid_file.read_text().strip())
-            if str(starts).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except (OSError, ValueError):
+            pid = int(written.read_text().split()[-1])
+            group = os.getpgid(pid)
+            if run_dir in Path(f"/proc/{group}/cmdline").read_bytes():
+                os.killpg(group, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
             continue
 
 
@@ -280,6 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             submitter = Submitter(server.url, args.clients)
             submitter.warm(args.clients)
             result: dict[str, Any] = {"jobs": args.jobs, "slots": args.slots, "duration": args.duration}
+            result["job_command"] = args.job_command
             load_before = os.getloadavg()[0]
             cpu_before, jobs_cpu_before = server.cpu_seconds(), children_cpu_seconds(server.process.pid)
             result.update(starts_phase(server.url, args, submitter, starts))
@@ -304,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.5, help="seconds each job sleeps")
     parser.add_argument(
         "--clients", type=int, default=16, help="submitting threads (one boto3 client each; default 16)"
+    )
+    parser.add_argument(
+        "--job-command",
+        choices=JOB_COMMANDS,
+        default="builtin",
+        help="builtin: busybox sh writes the start with $EPOCHREALTIME and execs sleep (one process); "
+        "date: sh, date and sleep (sessions 4-6)",
     )
     parser.add_argument("--profile", metavar="FILE", help="run the server under cProfile, stats to FILE")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -21,13 +21,23 @@ def wrap(wrapper: tuple[str, ...], tmp_path: Path, *command: str) -> tuple[int, 
     return done.returncode, json.loads(exit_file.read_text()), done.stdout
 
 
-def test_exit_code_and_pid_file(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:
+def test_the_pid_record_then_the_exit_code_in_one_file(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:
+    """While the command runs the exit file names the wrapper's pid; its outcome then replaces that
+    record in place (padded with spaces): no other file is made."""
     exit_file = tmp_path / "exit.json"
-    with subprocess.Popen([*exit_wrapper, str(exit_file), "sh", "-c", "exit 3"]) as proc:
-        assert proc.wait(30) == 3
+    command = ["sh", "-c", f"cat {exit_file}; exit 3"]
+    with subprocess.Popen([*exit_wrapper, str(exit_file), *command], stdout=subprocess.PIPE) as proc:
+        seen, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3
+    assert json.loads(seen) == {"pid": proc.pid}
     assert json.loads(exit_file.read_text()) == {"exit_code": 3}
-    assert (tmp_path / "exit.json.pid").read_text() == str(proc.pid)
-    assert not (tmp_path / "exit.json.tmp").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit.json"]
+
+
+def test_a_short_outcome_covers_a_longer_pid_record(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:
+    """``{"signal": 9}`` is shorter than most pid records: the rest is spaces, not the pid's digits."""
+    code, doc, _ = wrap(exit_wrapper, tmp_path, "sh", "-c", "kill -KILL $$")
+    assert (code, doc) == (-9, {"signal": 9})
 
 
 def test_a_signal_is_recorded_and_raised_again(exit_wrapper: tuple[str, ...], tmp_path: Path) -> None:

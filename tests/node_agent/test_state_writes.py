@@ -156,3 +156,30 @@ async def test_the_embedded_shell_records_a_batch_of_reports_in_order() -> None:
     assert await handle_in_order(shell, messages) == [None] * len(messages)
     records = await store.read(shell.pool)
     assert [r.input.event_id for r in records] == [m.event_id for m in messages]
+
+
+async def test_a_forgotten_attempt_is_noted_finished_by_the_write_that_drops_it(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """``finished-attempts`` is appended with the ``state.json`` write that no longer holds the attempt
+    (off the loop, not at once); a restarted agent then ignores the attempt's repeated ``RunAttempt``."""
+    work = tmp_path / "work"
+    sched = Scheduler()
+    agent = make_agent(sched, runtime=SimulatedRuntime(), work_dir=work)
+    await agent.start()
+    await agent.deliver(run_cmd(sim_payload(0), job_id="done"))
+    await wait_final(sched, "done-a1")
+    await agent.flush(5)
+
+    def noted_and_dropped() -> bool:
+        attempts = json.loads((work / "state.json").read_text())["attempts"]
+        finished = work / "finished-attempts"
+        return "done-a1" not in attempts and finished.exists() and "done-a1" in finished.read_text().split()
+
+    await wait_until(noted_and_dropped, what="the attempt in finished-attempts, not in state.json")
+    await agent.stop()
+    again = make_agent(sched, runtime=SimulatedRuntime(), work_dir=work)
+    await again.start()
+    await again.deliver(run_cmd(sim_payload(0), job_id="done"))  # repeated after the restart: ignored
+    await again.flush(5)
+    assert sched.statuses("done-a1") == ["STARTING", "RUNNING", "SUCCEEDED"]

@@ -38,7 +38,7 @@ from typing import Any
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.node_agent.outcomes import final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
-from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepare
+from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepared_and_recorded
 from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook, AttemptPhase
 from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
 from gpuquota.node_agent.saving import StateSaver
@@ -267,16 +267,14 @@ class NodeAgent:
         try:
             self._report(att, "STARTING")
             try:
-                # off the loop: a new job's checkpoint directory cost the loop about 0.5 ms on a busy disk
                 contained = getattr(self.runtime, "contained", False)
-                spec = await asyncio.to_thread(
-                    prepare, cmd, self.node_id, self.slots, self.work_dir, contained=contained
+                spec = await prepared_and_recorded(
+                    cmd, self.node_id, self.slots, self.work_dir, self._saver.durable, contained=contained
                 )
                 att.max_runtime = spec.request.max_runtime_seconds
                 if att.stop_reason is not None:
                     self._report(att, "STOPPED", reason=att.stop_reason)
                     return
-                await self._saver.durable()  # recorded before it runs: a restarted agent looks for it
                 att.handle = await self.runtime.launch(spec)
             except (BadPayload, LaunchError) as exc:
                 self._report(att, "FAILED", reason=str(exc))

@@ -4,13 +4,18 @@
  *
  * The process runtime starts every attempt through it (as the leader of the attempt's process group)
  * when `make native` could build it (gpuquota.node_agent.native_wrapper), else through exit_wrapper.py.
- * It writes its pid to EXIT_FILE.pid, runs COMMAND as its child (same group, working directory,
- * environment and output; SIGPIPE and SIGXFSZ at their defaults), waits for it, and writes
- * {"exit_code": N} or {"signal": N} to EXIT_FILE (atomically: EXIT_FILE.tmp renamed), then ends the
- * same way as the command (it raises the signal again), so an agent that is still its parent sees the
- * usual exit status. A command that cannot be started is recorded as
- * {"exit_code": 127, "error": "..."} and the wrapper exits with 127. A restarted agent, which is not
- * the parent any more, reads EXIT_FILE (gpuquota.node_agent.runtime.read_exit).
+ * It writes {"pid": N} (its own pid, for an agent that restarts while the command runs) to EXIT_FILE,
+ * runs COMMAND as its child (same group, working directory, environment and output; SIGPIPE and
+ * SIGXFSZ at their defaults), waits for it, and then replaces that record with {"exit_code": N} or
+ * {"signal": N}, in place: one write at offset 0, padded with spaces to at least the pid record's
+ * length, so a reader finds one whole record or the other, never a mix. It then ends the same way as
+ * the command (it raises the signal again), so an agent that is still its parent sees the usual exit
+ * status. A command that cannot be started is recorded as {"exit_code": 127, "error": "..."} and the
+ * wrapper exits with 127. A restarted agent, which is not the parent any more, reads EXIT_FILE
+ * (gpuquota.node_agent.runtime.read_exit and wrapper_pid).
+ *
+ * One file, not a pid file beside an exit file renamed into place: each new file costs the node an
+ * inode, which on ext4 without a journal is a scan of the recently freed ones (docs/benchmarks.md).
  *
  * SIGTERM, SIGINT and SIGHUP reach the whole group; the wrapper only waits for the command to react
  * (it catches them with a handler that does nothing; exec gives the command the defaults back).
@@ -51,39 +56,39 @@ static int write_all(int fd, const char *text, size_t length) {
     return 0;
 }
 
-/* `path` followed by `suffix` (the caller frees it), or NULL when out of memory. */
-static char *with_suffix(const char *path, const char *suffix) {
-    size_t size = strlen(path) + strlen(suffix) + 1;
-    char *name = malloc(size);
-    if (name != NULL) snprintf(name, size, "%s%s", path, suffix);
-    return name;
+/* EXIT_FILE, open from the start to the outcome (-1: it could not be made), and the length of the
+ * pid record written first, which the outcome covers whole. */
+static int record_fd = -1;
+static size_t pid_record_length = 0;
+
+/* {"pid": N} in EXIT_FILE (created or truncated): the wrapper's pid, for an agent that restarts
+ * while the command runs. */
+static void write_pid_record(const char *exit_path) {
+    record_fd = open(exit_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (record_fd < 0) return;
+    char text[48];
+    snprintf(text, sizeof text, "{\"pid\": %ld}", (long)getpid());
+    if (write_all(record_fd, text, strlen(text)) == 0) pid_record_length = strlen(text);
 }
 
-/* Writes `text` to `path` (created or truncated): 0 when all of it was written and the file closed. */
-static int write_file(const char *path, const char *text) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) return -1;
-    int failed = write_all(fd, text, strlen(text));
-    failed |= close(fd);
-    return failed;
-}
-
-/* Writes `text` to `path` whole or not at all: a reader never sees half a record. */
-static void write_atomically(const char *path, const char *text) {
-    char *tmp = with_suffix(path, ".tmp");
-    if (tmp == NULL) return;
-    if (write_file(tmp, text) == 0) rename(tmp, path);
-    free(tmp);
-}
-
-/* EXIT_FILE.pid: the wrapper's pid, for an agent that restarts while the command runs. */
-static void write_pid_file(const char *exit_path) {
-    char *path = with_suffix(exit_path, ".pid");
-    if (path == NULL) return;
-    char text[32];
-    snprintf(text, sizeof text, "%ld", (long)getpid());
-    write_file(path, text);
-    free(path);
+/* Replaces the pid record with `text` in one write at offset 0, padded with spaces (JSON allows them)
+ * to cover the pid record: a reader sees one whole record or the other. Without the file open (it
+ * could not be made at the start), the record is written whole to a new one. */
+static void write_record(const char *exit_path, const char *text) {
+    size_t length = strlen(text);
+    size_t padded = length < pid_record_length ? pid_record_length : length;
+    char *doc = malloc(padded);
+    if (doc == NULL) return;
+    memcpy(doc, text, length);
+    memset(doc + length, ' ', padded - length);
+    if (record_fd < 0) record_fd = open(exit_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (record_fd >= 0) {
+        while (pwrite(record_fd, doc, padded, 0) < 0 && errno == EINTR) {
+        }
+        close(record_fd);
+        record_fd = -1;
+    }
+    free(doc);
 }
 
 /* Appends `text` to `out` as the inside of a JSON string (out has room for 6 bytes per byte). */
@@ -109,13 +114,13 @@ static void write_spawn_error(const char *exit_path, int error, const char *comm
     char *end = doc + sprintf(doc, "{\"exit_code\": 127, \"error\": \"");
     end = json_escape(end, reason);
     strcpy(end, "\"}");
-    write_atomically(exit_path, doc);
+    write_record(exit_path, doc);
 }
 
 static void write_outcome(const char *exit_path, const char *key, int value) {
     char doc[64];
     snprintf(doc, sizeof doc, "{\"%s\": %d}", key, value);
-    write_atomically(exit_path, doc);
+    write_record(exit_path, doc);
 }
 
 /* Ends the way the command ended: by the same signal (its default action), or by its exit code. */
@@ -140,7 +145,7 @@ int main(int argc, char **argv) {
     handler.sa_handler = ignore_but_interrupt; /* a handler, not SIG_IGN: the command gets defaults */
     sigemptyset(&handler.sa_mask);
     for (size_t i = 0; i < FORWARDED_COUNT; i++) sigaction(forwarded[i], &handler, NULL);
-    write_pid_file(exit_path);
+    write_pid_record(exit_path);
 
     /* the agent's Python ignores SIGPIPE and SIGXFSZ; the command gets them back at their defaults */
     signal(SIGPIPE, SIG_DFL);

@@ -7,8 +7,10 @@ elsewhere (``gpuquota up`` with its default, relative ``--data-dir``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuquota.adapters.attempt_logs import safe_name
@@ -71,6 +73,32 @@ def prepare(
         first_rank=_first_rank(cmd, node_id),
         peers=tuple((host_name(n.first_rank + i), n.address) for n in cmd.gang for i in range(n.instances)),
     )
+
+
+async def prepared_and_recorded(
+    cmd: RunAttempt,
+    node_id: str,
+    slots: tuple[SlotOffer, ...],
+    work_dir: Path,
+    recorded: Callable[[], Awaitable[None]],
+    *,
+    contained: bool = False,
+) -> LaunchSpec:
+    """``prepare(cmd)`` on a worker thread (the checkpoint directory is a system call, about 0.5 ms of
+    the loop on a busy disk) while ``recorded()`` puts the attempt's record on disk (the agent's
+    ``StateSaver.durable``: before its launch, for a restarted agent). Neither needs the other, so they
+    go side by side: a launch waits for the longer of the two, not both. A record whose spec then fails
+    is harmless: the attempt is reported FAILED, and a restart before that report is delivered finds
+    no process for it (lost: requeued, as when the agent died before recording it)."""
+    made = asyncio.ensure_future(
+        asyncio.to_thread(prepare, cmd, node_id, slots, work_dir, contained=contained)
+    )
+    try:
+        await recorded()
+    except BaseException:
+        made.cancel()
+        raise
+    return await made
 
 
 def attempt_outputs(cmd: RunAttempt, work_dir: Path) -> tuple[InstanceOutput, ...]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import os
 import shutil
@@ -20,6 +22,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +34,8 @@ if TYPE_CHECKING:  # instances imports this module
     from gpuquota.node_agent.instances import Instance
 
 Trace = Callable[[str], None]
+#: threads of the process runtime's launches (mostly system calls: the GIL is free while they wait)
+LAUNCH_THREADS = 4
 
 
 class LaunchError(RuntimeError):
@@ -254,6 +259,7 @@ class ProcessRuntime:
         self._poll = poll_seconds
         self._inherit_env = inherit_env
         self.exit_wrapper = exit_wrapper or native_wrapper.command()
+        self._launcher = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="launch")
 
     async def launch(self, spec: LaunchSpec) -> AttemptHandle:
         from gpuquota.node_agent import instances
@@ -270,11 +276,16 @@ class ProcessRuntime:
         else:
             master, port = "localhost", instances.free_port() if len(local) > 1 else 0
         handles: list[AttemptHandle] = []
+        loop = asyncio.get_running_loop()
         try:
             for index, instance in enumerate(local):
                 # off the loop: the directories, checks and spawn are system calls that, on a busy
-                # machine, took about 40 % of the loop's time at 100 starts a second
-                handles.append(await asyncio.to_thread(self._start, spec, instance, index, master, port))
+                # machine, took about 40 % of the loop's time at 100 starts a second; on threads of
+                # their own: a wave of launches in the loop's default executor held up the other work
+                # queued there (the embedded scheduler's log appends, the agent's state.json writes)
+                start = functools.partial(self._start, spec, instance, index, master, port)
+                in_context = functools.partial(contextvars.copy_context().run, start)
+                handles.append(await loop.run_in_executor(self._launcher, in_context))
         except BaseException:
             for handle in handles:
                 await handle.reap()
@@ -332,7 +343,7 @@ class ProcessRuntime:
     ) -> AttemptHandle | None:
         """A handle on a still running instance, or on how it ended (its exit file); None: unknown."""
         if pid is None and exit_file is not None:
-            pid = _wrapper_pid(exit_file)  # the agent died between the launch and its record
+            pid = wrapper_pid(exit_file)  # the agent died between the launch and its record
             start_time = None if pid is None else procs.start_time(pid)
         if pid is not None and self._still_runs(pid, start_time):
             return ProcessHandle(pid, None, start_time, self._poll, exit_file)
@@ -377,7 +388,15 @@ class _Gone(NoProcess):
         return Outcome(exit_code=None, reason="exit status unknown (ended while the node agent was down)")
 
 
-def _wrapper_pid(exit_path: str) -> int | None:
+def wrapper_pid(exit_path: str) -> int | None:
+    """The exit wrapper's pid, from the ``{"pid": N}`` record it writes to its exit file first (or
+    from ``EXIT_FILE.pid``, where wrappers before session 7 wrote it); None: none was written."""
+    try:
+        doc = json.loads(Path(exit_path).read_text())
+        if isinstance(doc, dict) and isinstance(doc.get("pid"), int):
+            return int(doc["pid"])
+    except (OSError, ValueError):
+        pass
     try:
         return int(Path(f"{exit_path}.pid").read_text().strip())
     except (OSError, ValueError):

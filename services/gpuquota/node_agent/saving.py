@@ -11,7 +11,7 @@ than its launches. Changes now fall into three kinds:
   restarted agent sends it again if its delivery was not confirmed. The sender awaits ``before_send``
   before each batch it sends: one write covers every final report of the batch.
 - **in a while** (``changed()``): what a restart can do without (the pid after a launch: the exit
-  wrapper's pid file names it too; an attempt forgotten after its final report was delivered: it would
+  wrapper's pid record names it too; an attempt forgotten after its final report was delivered: it would
   be reported again, and the scheduler takes reports idempotently). Written within ``delay`` seconds,
   or with the next write of another kind, whichever comes first.
 
@@ -104,7 +104,12 @@ class StateSaver:
             self._cancel_timer()
             self._dirty = self._before_send = False
             text = self.book.encode(self.records())  # on the loop: the records are the loop's
-            await asyncio.to_thread(self.book.write, text)
+            finished = self.book.take_finished()
+            try:
+                await asyncio.to_thread(self.book.write, text, finished)
+            except BaseException:
+                self.book.untake_finished(finished)  # the next write appends them
+                raise
             self.writes += 1
 
     def _timed(self) -> None:
