@@ -19,7 +19,8 @@ order). A batch whose state was dropped before it could be recorded (a failed ap
 reload) or whose own append failed is redone (``_redo``): decided again on the reloaded state, one
 batch after another with each append awaited (``_handle_pool``, the serial path), and a batch started
 while a redo is under way first waits for it. A single input is always decided on the serial path
-(``_decide``: a duplicate is skipped without a reload), after the pool's batch in flight. If a batch
+(``_decide``: a duplicate is skipped without a reload), after the pool's batch in flight, and so is
+a batch with one input left once the skipped and repeated records are set aside. If a batch
 fails for good (the store stayed unreachable, a bug), the batches after it fail with it.
 
 Failures of the append, as in the pipeline's docstring: ``DuplicateInput`` marks the inputs the store
@@ -150,7 +151,8 @@ class BatchFlight(SnapshotPacing):
         """Step ``items`` on the pool's live state; record and settle them once ``before`` settled."""
         done: dict[int, Outcome] = {}
         async with runtime.lock:
-            stepped = None if runtime.dropped else self._step(runtime, self._todo(runtime, items, done))
+            todo = [] if runtime.dropped else self._todo(runtime, items, done)
+            stepped = self._step(runtime, todo) if len(todo) > 1 else None  # else decided serially
         task = asyncio.create_task(self._commit(runtime, items, done, stepped, before))
         self._tails[runtime.pool] = Tail(runtime, task)
         return task
@@ -164,7 +166,9 @@ class BatchFlight(SnapshotPacing):
         before: asyncio.Future[Any] | None,
     ) -> dict[int, Outcome]:
         """Append a stepped batch after the one before it, then settle it; redo it if its state was
-        dropped meanwhile (a failed append before it, a reload) or its own append failed."""
+        dropped meanwhile (a failed append before it, a reload) or its own append failed. A batch
+        with one input left to decide (``stepped`` None) is decided on the serial path after it: a
+        duplicate is then skipped without a reload."""
         if before is not None:
             await asyncio.wait([before])
             if not before.cancelled() and (exc := before.exception()) is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from gpuquota.adapters.event_store import BatchEntry, InMemoryEventStore, TransientStoreError
 from gpuquota.core import fingerprint, replay
-from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed
+from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, SourceRecord
 from tests.unit.scheduler.test_pipeline import TOPIC, FakePublisher, pipeline, records
 from tests.unit.scheduler.test_pipeline_batches import busy_inputs, one_at_a_time
 
@@ -148,3 +148,17 @@ async def test_flush_waits_for_the_batches_in_flight() -> None:
     store.release()
     await asyncio.wait_for(flushed, 5)
     assert settling.done() and len(await store.read("p")) == len(inputs)
+
+
+async def test_one_input_left_of_a_batch_is_decided_alone_and_its_duplicate_costs_no_reload() -> None:
+    inputs = busy_inputs()
+    p = pipeline(GatedStore(), FakePublisher())
+    items = records(inputs)
+    await p.handle_batch(items)
+    copy = SourceRecord(TOPIC, 0, len(items), b"p", items[-1].value)  # produced twice (a retry)
+
+    outcomes = await p.handle_batch([*items[-3:], copy])  # redelivered, with the copy after them
+
+    assert outcomes == [Outcome.SKIPPED] * 3 + [Outcome.DUPLICATE]
+    assert (p.stats.duplicates, p.stats.loads) == (1, 1)
+    assert "p" in p.runtimes
