@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The container engine of the `container` runtime (docs/runtimes.md), from Debian's packages.
 #
-#   deploy/local/podman.sh install   apt-get install podman, runc and busybox-static when one is missing
+#   deploy/local/podman.sh install   apt-get install podman, runc, busybox-static, netavark, aardvark-dns
+#                                    and iptables when one is missing
 #                                    (as root; otherwise a warning; a no-op when everything is there, or
 #                                    when docker is installed and GPUQUOTA_CONTAINER_ENGINE=docker)
 #   deploy/local/podman.sh check     exit 0 when podman or docker is installed, print which
@@ -24,6 +25,9 @@ missing() {
   # multi-instance containers resolve each other by name through netavark's DNS server
   [ -x /usr/lib/podman/netavark ] || need+=(netavark)
   [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
+  # netavark 1.4 sets up a container's network with iptables, which a minimal Debian lacks (then every
+  # networked container fails: "netavark: No such file or directory")
+  command -v iptables >/dev/null 2>&1 || need+=(iptables)
   echo "${need[@]}"
 }
 

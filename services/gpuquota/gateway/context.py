@@ -17,8 +17,9 @@ from pydantic import BaseModel, ValidationError
 from gpuquota.arns import ArnFactory
 from gpuquota.clock import Clock
 from gpuquota.gateway.auth import Principal
-from gpuquota.gateway.edge import uuid4, validation_message
+from gpuquota.gateway.edge import validation_message
 from gpuquota.gateway.errors import ClientException
+from gpuquota.gateway.ids import uuid7
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort, CommandRejected
 from gpuquota.readmodel import JobView, ReadModel, ResourceView
@@ -65,7 +66,7 @@ class Context:
 
     def make(self, kind: type[M], **fields: Any) -> M:
         """A scheduler input with a fresh event id, stamped now."""
-        return self.build(kind, event_id=uuid4(), occurred_at=self.clock(), **fields)
+        return self.build(kind, event_id=uuid7(), occurred_at=self.clock(), **fields)
 
     async def send(self, message: SchedulerInput) -> None:
         """Deliver ``message``; the core's rejection becomes a ``ClientException`` with its reason."""
@@ -91,14 +92,14 @@ class Context:
         """Create the resource ``spec`` names, unless ``table`` already has it."""
         if spec.name in table:
             raise ClientException("Object already exists")
-        message: CreateInput = kind(event_id=uuid4(), occurred_at=self.clock(), spec=spec)
+        message: CreateInput = kind(event_id=uuid7(), occurred_at=self.clock(), spec=spec)
         await self.write_resource(table, spec.name, spec, "CREATING", message)
 
     async def update(
         self, table: dict[Any, ResourceView[S]], key: Any, spec: S, kind: type[UpdateInput]
     ) -> None:
         """Replace the resource at ``key`` by the whole new ``spec``."""
-        message: UpdateInput = kind(event_id=uuid4(), occurred_at=self.clock(), spec=spec)
+        message: UpdateInput = kind(event_id=uuid7(), occurred_at=self.clock(), spec=spec)
         await self.write_resource(table, key, spec, "UPDATING", message)
 
     def ref(self, ref: str, kind: str, what: str) -> tuple[str, ...]:

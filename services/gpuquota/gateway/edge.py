@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,6 +24,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gpuquota.gateway.errors import ApiError, ClientException, ServerException
+from gpuquota.gateway.ids import uuid4
 from gpuquota.gateway.params import Params
 
 log = logging.getLogger(__name__)
@@ -120,9 +120,6 @@ def validation_message(exc: ValidationError) -> str:
     return f"Invalid value for {where}: {error['msg']}" if where else str(error["msg"])
 
 
-_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
-
-
 _TOKEN_JOBS = uuid.UUID("6f1c1f2e-8d4b-5a57-9a0e-7c3b2f0d9e41")
 """The namespace of job ids derived from client tokens (any fixed UUID: it only has to stay the same)."""
 
@@ -131,13 +128,6 @@ def token_job_id(pool: str, token: str) -> str:
     """The job id of a submission with ``clientToken`` ``token``: the same for every retry, whichever
     gateway takes it (a restarted one may not know the first try yet), so the core can recognise it."""
     return str(uuid.uuid5(_TOKEN_JOBS, f"{pool}\n{token}"))
-
-
-def uuid4() -> str:
-    """``str(uuid.uuid4())`` in a fifth of the time (the same 122 random bits, version and variant):
-    a submission takes three (job id, input id, request id)."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 def json_response(

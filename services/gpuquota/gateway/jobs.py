@@ -13,8 +13,9 @@ from typing import Any, TypedDict
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.auth import Principal
 from gpuquota.gateway.context import Context
-from gpuquota.gateway.edge import parse_json, token_job_id, uuid4
+from gpuquota.gateway.edge import parse_json, token_job_id
 from gpuquota.gateway.errors import ApiError, ClientException
+from gpuquota.gateway.ids import uuid4
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_job, job_summary
 from gpuquota.readmodel import JobView
