@@ -243,6 +243,13 @@ def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> Non
         raise LaunchError(f"Cannot start the attempt: command not found: {program}")
 
 
+@functools.cache
+def _launcher() -> ThreadPoolExecutor:
+    """The process's launch threads, made at its first launch and shared by its process runtimes (an
+    executor per runtime kept its idle threads for as long as the process lived)."""
+    return ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="launch")
+
+
 class ProcessRuntime:
     """Runs the payload's command as a local process in its own process group (session), through
     the exit wrapper when the spec has an ``exit_path``. ``exit_wrapper``: the wrapper's command
@@ -259,7 +266,6 @@ class ProcessRuntime:
         self._poll = poll_seconds
         self._inherit_env = inherit_env
         self.exit_wrapper = exit_wrapper or native_wrapper.command()
-        self._launcher = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="launch")
 
     async def launch(self, spec: LaunchSpec) -> AttemptHandle:
         from gpuquota.node_agent import instances
@@ -285,7 +291,7 @@ class ProcessRuntime:
                 # queued there (the embedded scheduler's log appends, the agent's state.json writes)
                 start = functools.partial(self._start, spec, instance, index, master, port)
                 in_context = functools.partial(contextvars.copy_context().run, start)
-                handles.append(await loop.run_in_executor(self._launcher, in_context))
+                handles.append(await loop.run_in_executor(_launcher(), in_context))
         except BaseException:
             for handle in handles:
                 await handle.reap()

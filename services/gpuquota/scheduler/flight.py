@@ -20,7 +20,8 @@ reload) or whose own append failed is redone (``_redo``): decided again on the r
 batch after another with each append awaited (``_handle_pool``, the serial path), and a batch started
 while a redo is under way first waits for it. A single input is always decided on the serial path
 (``_decide``: a duplicate is skipped without a reload), after the pool's batch in flight, and so is
-a batch with one input left once the skipped and repeated records are set aside. If a batch
+a batch with one input left once the skipped and repeated records are set aside; both through
+``_redo``, so every input is decided only while its partition is ours. If a batch
 fails for good (the store stayed unreachable, a bug), the batches after it fail with it.
 
 Failures of the append, as in the pipeline's docstring: ``DuplicateInput`` marks the inputs the store
@@ -142,7 +143,7 @@ class BatchFlight(SnapshotPacing):
                 return await self._overlap(runtime, items, tail.done)
             await asyncio.wait([tail.done])  # decide after it: it is being redone, or one input alone
         if len(items) == 1:
-            return settled(await self._handle_pool(pool, items))
+            return settled(await self._redo(pool, items, {}))
         return await self._overlap(await self.runtime(pool), items, None)
 
     async def _overlap(
@@ -186,7 +187,9 @@ class BatchFlight(SnapshotPacing):
         return done
 
     async def _redo(self, pool: str, items: list[Item], done: dict[int, Outcome]) -> dict[int, Outcome]:
-        """Decide the items not done yet again, one batch at a time, on the pool's state reloaded."""
+        """Decide the items not done yet on the serial path (the pool's state reloaded if it was
+        dropped), if their partition is still ours: a lone input, a batch with one input left, a batch
+        whose state was dropped or whose append failed."""
         position = items[0].position
         if not self.owns(position.topic, position.partition):
             return {i.index: done.get(i.index, Outcome.NOT_OWNED) for i in items}

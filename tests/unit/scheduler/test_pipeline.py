@@ -266,14 +266,24 @@ async def test_a_stale_writer_rebuilds_and_decides_the_record_once() -> None:
 
 async def test_a_stale_writer_whose_partition_moved_stops() -> None:
     store = InMemoryEventStore()
-    items = records(worked_inputs())
-    first = pipeline(store, FakePublisher(), owns=lambda topic, partition: False)
+    inputs = worked_inputs()
+    items = records(inputs)
+    another = records([inputs[-1].model_copy(update={"event_id": "another"})], start=len(items))
+    owned = [True]
+    first = pipeline(store, FakePublisher(), owns=lambda topic, partition: owned[0])
     second = pipeline(store, FakePublisher())
     await feed(first, items[:-2])
+    owned[0] = False  # a rebalance gave the partition to the second worker, which writes the pool
     await feed(second, items[-2:-1])
 
+    # its batch, stepped on the state it holds, meets the second's append: it drops the state and stops
+    assert await first.handle_batch([items[-1], *another]) == [Outcome.NOT_OWNED, Outcome.NOT_OWNED]
+    assert first.stats.stale == 1
+    assert "p" not in first.runtimes
+    # a lone input of the partition is not decided either (not even loaded)
     assert await first.handle(items[-1]) is Outcome.NOT_OWNED
     assert "p" not in first.runtimes
+    assert len(await store.read("p")) == len(items) - 1  # the first's inputs and the second's one
 
 
 async def test_ticks_start_after_the_grace_period_and_decide_time() -> None:
