@@ -43,8 +43,13 @@ FETCH_WAIT_MS = 20
 out the partitions whose records are being read parks on the idle ones, and every answer to a
 ``RunAttempt`` (so every slot's next dispatch: 256 slots at 1,000 jobs/s must turn over within 256 ms)
 and every observed dispatch waited up to that long. A node agent reads only its own partition."""
-FETCH_MIN_BYTES = 64 * 1024
-"""A fetch waits (at most ``FETCH_WAIT_MS``) for this much: fewer fetches, less CPU for this process."""
+FETCH_MIN_BYTES = 16 * 1024
+"""A fetch waits (at most ``FETCH_WAIT_MS``) for this much: fewer fetches, less CPU for this process.
+The node player's fetch is on every slot's way back to the pool (a node agent's consumer answers at
+once: aiokafka's default, 1 byte): with 64 KiB, at 3,000 jobs/s it waited about 10-20 ms per fetch
+for the ``RunAttempt`` and job-state records to add up, of the 85 ms a slot of the 256 may take to
+turn over, and the pool ran out; 16 KiB gave 2,976-2,998 jobs/s in four runs where 64 KiB gave
+2,361-2,883 beside them (docs/benchmarks.md, session 8)."""
 EVENT_ID_FIRST = '{"event_id":"'
 """How ``encode`` starts a message: its event id first (the string from the last character on)."""
 _DECODER = json.JSONDecoder()
