@@ -34,7 +34,7 @@ from gpuquota.node_agent.slots import node_slot_groups
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
-from gpuquota.observe.startup import warn_unknown_variables
+from gpuquota.observe.startup import run_loop, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
@@ -255,7 +255,7 @@ def run_up(args: argparse.Namespace) -> int:
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        asyncio.run(_serve(stack))
+        run_loop(_serve(stack))
     except (OSError, ValueError, SchedulerFailed) as exc:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 1

@@ -17,10 +17,12 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from gpuquota.settings import ENV_PREFIX, SERVICE_SETTINGS
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +150,26 @@ async def wait_for_dependencies(
         await wait_for(prog, "PostgreSQL", [(host, port)], timeout)
 
 
-def run_service(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """``asyncio.run(main())``, with a dependency lost during start-up as one line and an exit code."""
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on uvloop's event loop where it is installed (a dependency on Linux): its
+    sockets, timers and callbacks cost the services' loops about a tenth less CPU than asyncio's own
+    (the gateway's: 0.243-0.284 against 0.267-0.317 ms per submission, docs/benchmarks.md)."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(main)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
-        return asyncio.run(main())
+        import uvloop
+    except ImportError:  # not on this platform: asyncio's loop
+        return None
+    return uvloop.new_event_loop
+
+
+def run_service(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """``run_loop(main())``, with a dependency lost during start-up as one line and an exit code."""
+    try:
+        return run_loop(main())
     except Unreachable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
