@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.report import print_result
+from benchmarks.server_cpu import HostCpu
 from gpuquota import _native
 from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.scheduler.loop import GC_THRESHOLDS
@@ -213,7 +214,7 @@ def run(
     clock = time.perf_counter
     fused = mode == "step"
     started = clock()
-    cpu_started = time.process_time()
+    cpu_started, host = time.process_time(), HostCpu().start()
     for serial in range(queued, queued + inputs):
         message = next_input(driver, serial)
         t0 = clock()
@@ -229,7 +230,7 @@ def run(
         if progress and (serial - queued) and (serial - queued) % 50_000 == 0:
             print(f"  {serial - queued:,} inputs ({clock() - started:.0f} s)", file=sys.stderr)
     measured = sum(latencies)
-    cpu_seconds = time.process_time() - cpu_started
+    cpu_seconds, host_seconds = time.process_time() - cpu_started, host.stop()
     gc.unfreeze()
     gc.set_threshold(*thresholds)
     latencies.sort()
@@ -242,6 +243,7 @@ def run(
         "shares": SHARES,
         "inputs_per_s": round(inputs / measured, 1),
         "cpu_seconds_whole_loop": round(cpu_seconds, 2),
+        "host_cpu_seconds": host_seconds,
         "latency_p50_ms": round(percentile(latencies, 0.50) * 1000, 4),
         "latency_p99_ms": round(percentile(latencies, 0.99) * 1000, 4),
         "latency_max_ms": round(latencies[-1] * 1000, 3),

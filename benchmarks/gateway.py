@@ -16,7 +16,9 @@ Phase 1 submits jobs (names, priorities 0-9, the three shares in turn; simulated
 ``--seconds``; phase 2 describes random submitted jobs for ``--seconds``. Each phase is preceded by
 ``--warmup`` seconds that are not measured. Latency is per request, from sending to the whole response.
 ``*_server_cpu_ms_per_request`` is the server process's CPU time (user + system, all threads) divided by
-the requests of the phase, ``*_client_cpu_ms_per_request`` the same for this process.
+the requests of the phase, ``*_client_cpu_ms_per_request`` the same for this process;
+``*_host_cpu_seconds`` is the whole machine's (``busy``, ``idle``, and ``steal``: the time the
+hypervisor gave its vCPUs to other machines while they had work; ``benchmarks.server_cpu.HostCpu``).
 ``submit_appends``, ``submit_inputs_per_append`` and ``submit_append_mean_ms`` are the server's own
 figures for the appends to its event log during the submit phase (warm-up included), from ``/metrics``:
 whether the wait for the log or the event loop's CPU limits the rate.
@@ -49,7 +51,7 @@ from urllib.parse import urlsplit
 from urllib.request import urlopen
 
 from benchmarks.report import print_result
-from benchmarks.server_cpu import process_cpu_seconds
+from benchmarks.server_cpu import HostCpu, process_cpu_seconds
 
 QUEUE = "jq"
 SHARES = ("QS1", "QS2", "QS3")
@@ -84,8 +86,21 @@ class Phase:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     client_cpu_seconds: float = 0.0
+    host: HostCpu = field(default_factory=HostCpu)
+    began: tuple[float, float] = (0.0, 0.0)
 
-    def summary(self, name: str) -> dict[str, float | int]:
+    def begin(self, server: Server) -> None:
+        """The measured window starts (after the warm-up): CPU readings of both sides and the host."""
+        self.began = (server.cpu_seconds(), time.process_time())
+        self.host.start()
+
+    def end(self, server: Server, seconds: float) -> None:
+        self.seconds = seconds
+        self.cpu_seconds = server.cpu_seconds() - self.began[0]
+        self.client_cpu_seconds = time.process_time() - self.began[1]
+        self.host.stop()
+
+    def summary(self, name: str) -> dict[str, Any]:
         ordered = sorted(self.latencies)
         n = len(ordered)
 
@@ -104,6 +119,7 @@ class Phase:
             f"{name}_errors": self.errors,
             f"{name}_server_cpu_ms_per_request": per_request(self.cpu_seconds),
             f"{name}_client_cpu_ms_per_request": per_request(self.client_cpu_seconds),
+            f"{name}_host_cpu_seconds": self.host.seconds,
         }
 
 
@@ -276,7 +292,6 @@ async def _closed_loop(clients: list[One], warmup: float, seconds: float, server
     phase = Phase()
     measure_from = loop.time() + warmup
     until = measure_from + seconds
-    before: list[float] = []
 
     async def worker(one: One) -> None:
         while (now := loop.time()) < until:
@@ -288,11 +303,9 @@ async def _closed_loop(clients: list[One], warmup: float, seconds: float, server
             else:
                 phase.errors += 1
 
-    loop.call_at(measure_from, lambda: before.extend((server.cpu_seconds(), time.process_time())))
+    loop.call_at(measure_from, phase.begin, server)
     await asyncio.gather(*(worker(one) for one in clients))
-    phase.seconds = loop.time() - measure_from
-    phase.cpu_seconds = server.cpu_seconds() - before[0]
-    phase.client_cpu_seconds = time.process_time() - before[1]
+    phase.end(server, loop.time() - measure_from)
     return phase
 
 
@@ -333,17 +346,12 @@ def boto3_phase(args: argparse.Namespace, operation: str, workload: Workload, se
                     else:
                         phase.errors += 1
 
-    before: list[float] = []
-    timer = threading.Timer(
-        measure_from - time.monotonic(), lambda: before.extend((server.cpu_seconds(), time.process_time()))
-    )
+    timer = threading.Timer(measure_from - time.monotonic(), phase.begin, (server,))
     timer.start()
     with ThreadPoolExecutor(args.clients) as pool:
         list(pool.map(worker, range(args.clients)))
     timer.join()
-    phase.seconds = time.monotonic() - measure_from
-    phase.cpu_seconds = server.cpu_seconds() - before[0]
-    phase.client_cpu_seconds = time.process_time() - before[1]
+    phase.end(server, time.monotonic() - measure_from)
     for client in batch:
         client.close()
     return phase

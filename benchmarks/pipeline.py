@@ -23,6 +23,9 @@ only the ``JobDispatched`` records parsed). Reported:
   run, of this process (``client``), of the scheduler (``scheduler``) and, when the benchmark started
   them itself, of the broker's JVM (``broker``) and of all PostgreSQL's processes (``database``)
   (``benchmarks.server_cpu``; omitted for servers from the environment, which may serve others too);
+* ``host_cpu_seconds``: the whole machine's CPU seconds over the same span, summed over its CPUs:
+  ``busy``, ``idle`` and ``steal``, the time the hypervisor gave the vCPUs to other machines while
+  they had work (``benchmarks.server_cpu.HostCpu``): a run with much steal ran on a slower machine;
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),
@@ -77,7 +80,7 @@ from benchmarks.pipeline_workload import NODES, SLOTS_PER_NODE
 from benchmarks.pipeline_workload import setup_inputs as setup_inputs
 from benchmarks.pipeline_workload import submission as submission
 from benchmarks.report import print_result
-from benchmarks.server_cpu import ServerCpu, broker_pid, postmaster_pid
+from benchmarks.server_cpu import HostCpu, ServerCpu, broker_pid, postmaster_pid
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
@@ -191,7 +194,7 @@ async def throughput(
         }
         scheduler = await _scheduler_process(env, workdir / "scheduler.log")
         producer = await started_producer(kafka)
-        watch, cpu = Watch(), ServerCpu({**servers, "scheduler": scheduler.pid})
+        watch, cpu, host = Watch(), ServerCpu({**servers, "scheduler": scheduler.pid}), HostCpu()
         tasks = [asyncio.create_task(play_nodes_and_observe(kafka, topics, pool, watch))]
         try:
             for message in setup_inputs(run, slots=slots_per_node):
@@ -210,11 +213,13 @@ async def throughput(
                 watch.restart()
             total = int(rate * seconds)
             cpu.start()
+            host.start()
             client_began = _own_cpu()
             await submit(sender, run, rate, total, watch)
             await producer.flush()
             await _drain(watch, total, drain, database, pool)
             cpu.stop()
+            host.stop()
             cpu.seconds["client"] = _own_cpu() - client_began
         finally:
             for task in tasks:
@@ -235,6 +240,7 @@ async def throughput(
     order = ("client", "scheduler", "broker", "database")
     per_job = {name: round(cpu.seconds[name] * 1000 / jobs, 3) for name in order if name in cpu.seconds}
     summary["cpu_ms_per_job"] = per_job
+    summary["host_cpu_seconds"] = host.seconds
     return summary
 
 

@@ -31,6 +31,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from benchmarks.pipeline import infrastructure
 from benchmarks.pipeline_workload import now_ms, report, setup_inputs, submission
 from benchmarks.report import print_result
+from benchmarks.server_cpu import HostCpu
 from gpuquota.adapters.kafka import KafkaTopics, encode
 from gpuquota.adapters.postgres_store import PostgresEventStore
 from gpuquota.scheduler.faust_app import FaustPublisher
@@ -88,7 +89,7 @@ async def measure(jobs: int, batch: int) -> dict[str, Any]:
         store = await PostgresEventStore.connect(database)
         publisher = _Publisher(topics)
         pipeline = Pipeline(store, publisher)
-        offsets = iter(range(sys.maxsize))
+        offsets, host = iter(range(sys.maxsize)), HostCpu().start()
 
         def records(messages: Sequence[inp.SchedulerInput]) -> list[SourceRecord]:
             return [SourceRecord("in", 0, next(offsets), pool.encode(), encode(m)) for m in messages]
@@ -116,6 +117,7 @@ async def measure(jobs: int, batch: int) -> dict[str, Any]:
         "batch": batch,
         "decided": pipeline.stats.decided,
         "cpu_ms_per_job": round(cpu * 1000 / max(1, jobs), 3),
+        "host_cpu_seconds": host.stop(),
     }
 
 

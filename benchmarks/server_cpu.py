@@ -1,4 +1,5 @@
-"""CPU time of the servers a benchmark started itself: the broker's JVM, PostgreSQL's processes.
+"""CPU time of the servers a benchmark started itself (the broker's JVM, PostgreSQL's processes), and of
+the whole machine, with the time its hypervisor took away (``HostCpu``).
 
 Read from ``/proc`` (Linux): a process's user and system time, with that of its children it has
 waited for (``cutime``/``cstime``: a PostgreSQL backend that exited is in its postmaster's), plus the
@@ -93,3 +94,39 @@ class ServerCpu:
         for name, began in self._started.items():
             if (cpu := tree_cpu_seconds(self._roots[name])) is not None:
                 self.seconds[name] = cpu - began
+
+
+def host_cpu_seconds() -> dict[str, float]:
+    """The machine's CPU seconds since boot, summed over its CPUs, from the ``cpu`` line of
+    ``/proc/stat``: ``busy`` (user, nice, system, irq, softirq; guests are inside user), ``idle``
+    (with iowait) and ``steal`` (while a vCPU had work, the hypervisor ran another machine's)."""
+    ticks = [int(value) for value in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    return {
+        "busy": (user + nice + system + irq + softirq) / CLOCK_TICKS,
+        "idle": (idle + iowait) / CLOCK_TICKS,
+        "steal": steal / CLOCK_TICKS,
+    }
+
+
+class HostCpu:
+    """The machine's CPU seconds between ``start()`` and ``stop()`` (``seconds``, by kind).
+
+    On a shared virtual machine the same code runs up to a fifth slower while the neighbours are
+    busy (docs/benchmarks.md, session 8); ``steal`` beside a result says how much of a run the
+    hypervisor took, so that two runs can be compared.
+    """
+
+    def __init__(self) -> None:
+        self._started: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    def start(self) -> HostCpu:
+        self._started = host_cpu_seconds()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        """The seconds by kind since ``start()``, rounded, also kept in ``seconds``."""
+        now = host_cpu_seconds()
+        self.seconds = {kind: round(now[kind] - began, 2) for kind, began in self._started.items()}
+        return self.seconds

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from benchmarks.report import print_result
+from benchmarks.server_cpu import HostCpu
 from gpuquota import _native
 from gpuquota.sim.config import Configuration
 from gpuquota.sim.engine import simulate, stderr_progress
@@ -86,7 +87,7 @@ def workload(jobs: int, seed: int) -> Workload:
 
 def run(jobs: int, seed: int, progress: bool) -> dict[str, Any]:
     config = configuration()
-    load_before = os.getloadavg()[0]
+    load_before, host = os.getloadavg()[0], HostCpu().start()
     started, cpu_started = time.perf_counter(), time.process_time()
     trace = prefetched(functools.partial(generate, workload(jobs, seed)))
     result = simulate(config, trace, progress=stderr_progress("benchmark") if progress else None)
@@ -104,6 +105,7 @@ def run(jobs: int, seed: int, progress: bool) -> dict[str, Any]:
         "preemptions": sum(c.preemptions for c in result.counters),
         "finished": sum(c.finished for c in result.counters),
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "host_cpu_seconds": host.stop(),
         "python": sys.version.split()[0],
         "core": _native.core_mode(),
     }

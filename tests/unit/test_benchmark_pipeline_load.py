@@ -147,6 +147,21 @@ def test_the_cpu_between_two_readings_of_a_live_tree(monkeypatch: pytest.MonkeyP
     assert cpu.seconds == {"broker": 2.5}
 
 
+def test_the_machines_cpu_between_two_readings_counts_the_hypervisors_steal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_cpu, "PROC", tmp_path)
+    tick = 1 / server_cpu.CLOCK_TICKS
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 1 20 500 5 0 4 30 0 0\ncpu0 50 0 10 250 2 0 2 15 0 0\nintr 1\n")
+    host = server_cpu.HostCpu().start()
+    stat.write_text("cpu  160 1 40 700 15 0 6 130 0 0\ncpu0 80 0 20 350 7 0 3 65 0 0\nintr 1\n")
+    expected = {"busy": 82 * tick, "idle": 210 * tick, "steal": 100 * tick}
+    assert host.stop() == {kind: round(seconds, 2) for kind, seconds in expected.items()}
+    assert host.seconds["steal"] == round(100 * tick, 2)
+
+
 def dispatched(event_id: str) -> JobDispatched:
     placement = Placement(node_id="node-1", slots=(3,))
     return JobDispatched(
