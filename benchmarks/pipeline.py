@@ -29,8 +29,10 @@ only the ``JobDispatched`` records parsed). Reported:
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),
-  and ``dispatch_gaps_ms``, the longest pauses between consecutive dispatches (with the second of the
-  run they began in): a stall shows as one window's p99 and one long gap.
+  ``dispatch_gaps_ms``, the longest pauses between consecutive dispatches (with the second of the
+  run they began in): a stall shows as one window's p99 and one long gap; and ``slot_round_trip_ms``
+  (p50, p99), from each job's ``JobDispatched`` to its ``JobSucceeded``, both as the scheduler produced
+  them (the records' timestamps): how long a slot stays busy (below).
 
 The pool is 8 nodes of ``--slots-per-node`` slots (default 32: 256 slots), and a job ends as soon as
 it starts, so a slot stays busy for one round trip of the loop: from the decision that dispatches a
@@ -296,11 +298,13 @@ def _windows(watch: Watch, width: float) -> dict[str, Any]:
     published = sorted(
         (watch.published[job] - at) * 1000 for job, at in watch.submitted.items() if job in watch.published
     )
+    turnovers = sorted((end - watch.published[job]) * 1000 for job, end in watch.ended.items())
     dispatched = sorted(watch.scheduled.values())
     gaps = sorted(((b - a) * 1000, a - watch.first_submit) for a, b in itertools.pairwise(dispatched))[-5:]
     return {
         "window_p99_ms": [round(_quantile(sorted(v), 0.99)) for _, v in sorted(by_window.items())],
         "submit_to_published_p99_ms": round(_quantile(published, 0.99), 1),
+        "slot_round_trip_ms": [round(_quantile(turnovers, q), 1) for q in (0.50, 0.99)],
         "dispatch_gaps_ms": [[round(gap), round(at, 1)] for gap, at in reversed(gaps)],
     }
 

@@ -63,6 +63,8 @@ class Watch:
         self.scheduled: dict[str, float] = {}
         self.published: dict[str, float] = {}
         """When the scheduler produced the job's first ``JobDispatched`` (the record's timestamp)."""
+        self.ended: dict[str, float] = {}
+        """When the scheduler produced the job's ``JobSucceeded`` (the record's timestamp)."""
         self.dispatch_ids: dict[str, str] = {}
         """The event id of each job's first ``JobDispatched``."""
         self.more_dispatch_ids: dict[str, set[str]] = {}
@@ -76,7 +78,7 @@ class Watch:
 
     def restart(self) -> None:
         """Forget the jobs watched so far (the warm-up's): what follows is measured alone."""
-        for jobs in (self.submitted, self.scheduled, self.published, self.dispatch_ids):
+        for jobs in (self.submitted, self.scheduled, self.published, self.ended, self.dispatch_ids):
             jobs.clear()
         self.more_dispatch_ids.clear()
         self.first_submit = self.last_scheduled = 0.0
@@ -90,6 +92,10 @@ class Watch:
         if job not in self.scheduled:
             self.scheduled[job] = self.last_scheduled = read_at
             self.published[job] = published_at
+
+    def succeeded(self, job: str, published_at: float) -> None:
+        if job in self.published:
+            self.ended.setdefault(job, published_at)
 
     def duplicate_dispatches(self) -> int:
         """``JobDispatched`` events (distinct event ids) beyond the first per job."""
@@ -235,3 +241,5 @@ def _observe(records: list[Record], read_at: float, watch: Watch) -> None:
     for record in records:
         if ids := dispatch_of(record):
             watch.dispatched(*ids, read_at, record.timestamp / 1000)
+        elif record.key is not None and record_type(record) == b"JobSucceeded":
+            watch.succeeded(record.key.decode(), record.timestamp / 1000)

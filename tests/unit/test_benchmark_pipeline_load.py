@@ -13,7 +13,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from benchmarks import server_cpu
-from benchmarks.pipeline_load import Watch, dispatch_of, message_of_type
+from benchmarks.pipeline_load import Watch, _observe, dispatch_of, message_of_type
 from benchmarks.pipeline_workload import report, report_json, submission, submission_json
 from gpuquota.adapters.kafka import encode, message_headers
 from gpuquota.wire.base import Placement
@@ -196,3 +196,17 @@ def test_a_dispatch_is_read_from_its_value_when_the_event_id_is_not_first_or_the
 def test_other_job_state_records_are_not_dispatches() -> None:
     assert dispatch_of(record(b"never read", [("type", b"JobAccepted")])) is None
     assert dispatch_of(record(b'{"type":"JobSucceeded","job_id":"j","event_id":"e"}', [])) is None
+
+
+def test_a_slots_round_trip_runs_from_its_jobs_dispatch_to_its_success_as_published() -> None:
+    watch = Watch()
+    watch.submitted.update(j1=1.0, j2=1.0)
+    ended = record(b"never read", [("type", b"JobSucceeded")], key=b"j1")
+    _observe([ended], read_at=2.0, watch=watch)  # not dispatched yet: not a slot's round trip
+    watch.dispatched("j1", "e1", read_at=10.0, published_at=9.0)
+    late = record(b"never read", [("type", b"JobSucceeded")], key=b"j1")
+    other = record(b"never read", [("type", b"JobRunning")], key=b"j2")
+    _observe([late, other], read_at=11.0, watch=watch)
+    assert watch.ended == {"j1": late.timestamp / 1000}
+    watch.restart()
+    assert watch.ended == {}
