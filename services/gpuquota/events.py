@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any, Self
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, bootstrap_list, header, partition_for
+from gpuquota.ids import uuid4, uuid7
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import TERMINAL_STATUSES, JobSpec, JobStatus
@@ -148,7 +148,7 @@ class EventsClient:
             }
         now = _now_ms()
         spec = JobSpec(
-            job_id=job_id or str(uuid.uuid4()),
+            job_id=job_id or uuid4(),
             job_name=job_name,
             job_queue=job_queue,
             quota_share=quota_share,
@@ -161,7 +161,7 @@ class EventsClient:
             payload=payload if isinstance(payload, str) else json.dumps(payload),
             tags=dict(tags or {}),
         )
-        message = inp.SubmitJob(event_id=str(uuid.uuid4()), occurred_at=now, job=spec)
+        message = inp.SubmitJob(event_id=uuid7(now), occurred_at=now, job=spec)
         await self.send(message, wait=wait, timeout=timeout)
         return spec.job_id
 
@@ -169,7 +169,7 @@ class EventsClient:
         self, job_id: str, priority: int, *, wait: bool = False, timeout: float = DEFAULT_WAIT_SECONDS
     ) -> None:
         message = inp.UpdateJobPriority(
-            event_id=str(uuid.uuid4()), occurred_at=_now_ms(), job_id=job_id, priority=priority
+            event_id=uuid7(), occurred_at=_now_ms(), job_id=job_id, priority=priority
         )
         await self.send(message, wait=wait, timeout=timeout)
 
@@ -181,9 +181,7 @@ class EventsClient:
         wait: bool = False,
         timeout: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
-        message = inp.TerminateJob(
-            event_id=str(uuid.uuid4()), occurred_at=_now_ms(), job_id=job_id, reason=reason
-        )
+        message = inp.TerminateJob(event_id=uuid7(), occurred_at=_now_ms(), job_id=job_id, reason=reason)
         await self.send(message, wait=wait, timeout=timeout)
 
     async def send(

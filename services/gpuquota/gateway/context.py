@@ -19,9 +19,9 @@ from gpuquota.clock import Clock
 from gpuquota.gateway.auth import Principal
 from gpuquota.gateway.edge import validation_message
 from gpuquota.gateway.errors import ClientException
-from gpuquota.gateway.ids import uuid7
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort, CommandRejected
+from gpuquota.ids import uuid7
 from gpuquota.readmodel import JobView, ReadModel, ResourceView
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (

@@ -24,8 +24,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gpuquota.gateway.errors import ApiError, ClientException, ServerException
-from gpuquota.gateway.ids import uuid4
 from gpuquota.gateway.params import Params
+from gpuquota.ids import uuid4
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
 from gpuquota.dirlock import DirectoryLock
+from gpuquota.ids import uuid7
 from gpuquota.node_agent.outcomes import final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepared_and_recorded
@@ -412,7 +412,8 @@ class NodeAgent:
     # ----- sending --------------------------------------------------------------------------------
 
     def _meta(self) -> dict[str, Any]:
-        return {"event_id": str(uuid.uuid4()), "occurred_at": _now_ms()}
+        now = _now_ms()
+        return {"event_id": uuid7(now), "occurred_at": now}
 
     def _note(self, attempt_id: str, what: str) -> None:
         self.trace.append((time.time(), attempt_id, what))

@@ -70,11 +70,11 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, StaleWriter
 from gpuquota.clock import Clock, wall_clock_ms
+from gpuquota.ids import uuid4
 from gpuquota.scheduler.flight import BatchFlight, Item, Outcome, PipelineFailed, Tail, gathered
 from gpuquota.scheduler.loop import (
     Appender,
@@ -190,7 +190,7 @@ class Pipeline(BatchFlight):
             async with runtime.lock:
                 if runtime.dropped:
                     continue
-                message = inp.Tick(event_id=f"tick/{pool}/{uuid.uuid4()}", occurred_at=self.clock())
+                message = inp.Tick(event_id=f"tick/{pool}/{uuid4()}", occurred_at=self.clock())
                 try:
                     await self._decide(runtime, message, None)
                 except StaleWriter as exc:

@@ -45,7 +45,7 @@ error and the shell carries on.
 every ``tick_seconds``. Ticks and heartbeats that decide nothing are not written to the log (replay
 folds events; they carry none).
 
-Inputs the shell creates itself get ``occurred_at`` from its clock (epoch ms) and a uuid4 event id.
+Inputs the shell creates itself get ``occurred_at`` from its clock (epoch ms) and a uuid7 event id.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.core import ClusterState, evolve
+from gpuquota.ids import uuid7
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler import loop
 from gpuquota.scheduler.loop import Commands, Deliveries, JobStates, Results
@@ -195,8 +195,8 @@ class SchedulerShell:
     # ----- inputs ------------------------------------------------------------------------------
 
     def make(self, kind: type[M], **fields: Any) -> M:
-        """A new input of ``kind`` stamped with a uuid4 event id and the clock's time."""
-        return kind(event_id=str(uuid.uuid4()), occurred_at=self.clock(), **fields)
+        """A new input of ``kind`` stamped with a fresh input id (``ids.uuid7``) and the clock's time."""
+        return kind(event_id=uuid7(), occurred_at=self.clock(), **fields)
 
     def subscribe(self, subscriber: EventSubscriber) -> None:
         """Call ``subscriber`` with every job-state event (after it is recorded and applied)."""

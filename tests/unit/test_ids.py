@@ -1,4 +1,4 @@
-"""The gateway's fresh ids: well-formed UUIDs of their version, never repeated, time-ordered input ids,
+"""Fresh ids: well-formed UUIDs of their version, never repeated, time-ordered input ids,
 and no block of random digits shared with a forked child."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from gpuquota.gateway import ids
+from gpuquota import ids
 
 
 def test_uuid4_is_a_version_4_rfc_uuid_and_never_repeats() -> None:

@@ -1,8 +1,10 @@
-"""The gateway's fresh ids: job ids and request ids (UUID version 4), input ids (UUID version 7).
+"""Fresh ids: job ids and request ids (UUID version 4), input ids (UUID version 7).
 
-A submission takes three. Each used to cost a ``getrandom`` system call of its own (``os.urandom(16)``,
-about 6 % of the event loop at 2,400 submits/s, py-spy); the random bits now come from a block drawn
-once per ``_IDS_PER_DRAW`` ids, from the same source. A forked child starts with a block of its own.
+Every process that makes inputs takes its ids here: the gateway (a submission takes three), the
+scheduler's shell, the node agent's reports and ``gpuquota.events``. Each id used to cost a
+``getrandom`` system call of its own (``os.urandom(16)``, about 6 % of the gateway's event loop at
+2,400 submits/s, py-spy); the random bits now come from a block drawn once per ``_IDS_PER_DRAW`` ids,
+from the same source. A forked child starts with a block of its own.
 
 An input id only has to be unique, and it is the key of the event log's ``UNIQUE (input_id)`` index:
 random keys put every input's index entry on a random page of that index, which each commit then
