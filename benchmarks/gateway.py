@@ -19,6 +19,8 @@ Phase 1 submits jobs (names, priorities 0-9, the three shares in turn; simulated
 the requests of the phase, ``*_client_cpu_ms_per_request`` the same for this process;
 ``*_host_cpu_seconds`` is the whole machine's (``busy``, ``idle``, and ``steal``: the time the
 hypervisor gave its vCPUs to other machines while they had work; ``benchmarks.server_cpu.HostCpu``).
+``calibration_ms``: a fixed piece of pure-Python work timed in this process before and after the
+phases, the machine's speed at the moment (``benchmarks.server_cpu.calibration_ms``).
 ``submit_appends``, ``submit_inputs_per_append`` and ``submit_append_mean_ms`` are the server's own
 figures for the appends to its event log during the submit phase (warm-up included), from ``/metrics``:
 whether the wait for the log or the event loop's CPU limits the rate.
@@ -51,7 +53,7 @@ from urllib.parse import urlsplit
 from urllib.request import urlopen
 
 from benchmarks.report import print_result
-from benchmarks.server_cpu import HostCpu, process_cpu_seconds
+from benchmarks.server_cpu import HostCpu, calibration_ms, process_cpu_seconds
 
 QUEUE = "jq"
 SHARES = ("QS1", "QS2", "QS3")
@@ -401,6 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workload = Workload(args.seed)
         phases: dict[str, Phase] = {}
         appends: dict[str, float] = {}
+        calibration = [calibration_ms()]
         try:
             if not args.baseline:
                 setup(server.url)
@@ -414,6 +417,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     phases[name] = asyncio.run(asyncio_phase(args, operation, workload, server))
                 if before is not None:
                     appends = append_summary(before, appended(server.url))
+            calibration.append(calibration_ms())
         finally:
             server.stop()
     clients = {"raw": "raw HTTP/1.1 on asyncio streams", "aiohttp": "aiohttp", "boto3": "boto3 thread pool"}
@@ -427,6 +431,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": args.seconds,
         "cpus": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0],
+        "calibration_ms": calibration,
     }
     result.update(phases["submit"].summary("submit"))
     result.update(appends)

@@ -26,6 +26,9 @@ only the ``JobDispatched`` records parsed). Reported:
 * ``host_cpu_seconds``: the whole machine's CPU seconds over the same span, summed over its CPUs:
   ``busy``, ``idle`` and ``steal``, the time the hypervisor gave the vCPUs to other machines while
   they had work (``benchmarks.server_cpu.HostCpu``): a run with much steal ran on a slower machine;
+* ``calibration_ms``: a fixed piece of pure-Python work timed in this process just before and just
+  after that span (``benchmarks.server_cpu.calibration_ms``): the machine's speed, which moves even
+  without steal (a neighbour on the same physical core);
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),
@@ -82,7 +85,7 @@ from benchmarks.pipeline_workload import NODES, SLOTS_PER_NODE
 from benchmarks.pipeline_workload import setup_inputs as setup_inputs
 from benchmarks.pipeline_workload import submission as submission
 from benchmarks.report import print_result
-from benchmarks.server_cpu import HostCpu, ServerCpu, broker_pid, postmaster_pid
+from benchmarks.server_cpu import HostCpu, ServerCpu, broker_pid, calibration_ms, postmaster_pid
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
@@ -214,6 +217,7 @@ async def throughput(
                     raise RuntimeError(f"{warmup_lost} warm-up jobs were never dispatched")
                 watch.restart()
             total = int(rate * seconds)
+            calibration = [calibration_ms()]
             cpu.start()
             host.start()
             client_began = _own_cpu()
@@ -222,6 +226,7 @@ async def throughput(
             await _drain(watch, total, drain, database, pool)
             cpu.stop()
             host.stop()
+            calibration.append(calibration_ms())
             cpu.seconds["client"] = _own_cpu() - client_began
         finally:
             for task in tasks:
@@ -243,6 +248,7 @@ async def throughput(
     per_job = {name: round(cpu.seconds[name] * 1000 / jobs, 3) for name in order if name in cpu.seconds}
     summary["cpu_ms_per_job"] = per_job
     summary["host_cpu_seconds"] = host.seconds
+    summary["calibration_ms"] = calibration
     return summary
 
 

@@ -1,5 +1,6 @@
 """CPU time of the servers a benchmark started itself (the broker's JVM, PostgreSQL's processes), and of
-the whole machine, with the time its hypervisor took away (``HostCpu``).
+the whole machine, with the time its hypervisor took away (``HostCpu``), and how fast it is at the
+moment (``calibration_ms``).
 
 Read from ``/proc`` (Linux): a process's user and system time, with that of its children it has
 waited for (``cutime``/``cstime``: a PostgreSQL backend that exited is in its postmaster's), plus the
@@ -9,7 +10,9 @@ them, processes that came and went included.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -130,3 +133,23 @@ class HostCpu:
         now = host_cpu_seconds()
         self.seconds = {kind: round(now[kind] - began, 2) for kind, began in self._started.items()}
         return self.seconds
+
+
+CALIBRATION_STEPS = 1_000_000
+
+
+def calibration_ms() -> float:
+    """Milliseconds this process takes for a fixed piece of pure-Python work, the best of three.
+
+    The machine's speed at the moment: on a shared host it moves with the neighbours' load even when
+    the hypervisor takes no time away (``steal`` stays near 0 while another machine's work on the
+    same physical core slows this one), so a result is read beside the calibration taken with it.
+    """
+    best = math.inf
+    for _ in range(3):
+        began = time.perf_counter()
+        table: dict[int, int] = {}
+        for step in range(CALIBRATION_STEPS):
+            table[step & 1023] = step * 7 % 13
+        best = min(best, time.perf_counter() - began)
+    return round(best * 1000, 2)

@@ -27,7 +27,9 @@ submitted 166-370 a second on the 2-core development machine (32 were no faster 
   (the jobs' own processes: exit wrapper and command), ``client_cpu_ms_per_job`` (this process;
   ``client_cpu_ms_per_submit``: while it submits). The three share the machine's cores;
 - ``host_cpu_seconds``: the whole machine's CPU seconds during both phases (``busy``, ``idle``, and
-  ``steal``: the time the hypervisor gave its vCPUs to other machines while they had work).
+  ``steal``: the time the hypervisor gave its vCPUs to other machines while they had work), and
+  ``calibration_ms``, a fixed piece of pure-Python work timed just before and after them (the
+  machine's speed at the moment, ``benchmarks.server_cpu.calibration_ms``).
 
 Phase 2 (preemption): SLOTS long jobs in ``BORROW`` borrow the whole pool; once all have started, one
 job arrives in ``LEND``, which reclaims its share: ``preemption_to_start_s`` is the time from that
@@ -50,7 +52,7 @@ from typing import Any
 
 from benchmarks.gateway import Server, create_queue
 from benchmarks.report import print_result
-from benchmarks.server_cpu import HostCpu, process_cpu_seconds
+from benchmarks.server_cpu import HostCpu, calibration_ms, process_cpu_seconds
 
 UNIT = "ml.g5.xlarge"
 QUEUE = "throughput"
@@ -297,6 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             submitter.warm(args.clients)
             result: dict[str, Any] = {"jobs": args.jobs, "slots": args.slots, "duration": args.duration}
             result["job_command"] = args.job_command
+            calibration = [calibration_ms()]
             load_before, host = os.getloadavg()[0], HostCpu().start()
             cpu_before, jobs_cpu_before = server.cpu_seconds(), children_cpu_seconds(server.process.pid)
             result.update(starts_phase(server.url, args, submitter, starts))
@@ -306,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["preemption_to_start_s"] = round(preemption_phase(server.url, args, submitter, starts), 3)
             result["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
             result["host_cpu_seconds"] = host.stop()
+            result["calibration_ms"] = [*calibration, calibration_ms()]
             submitter.pool.shutdown()
         finally:
             server.stop()
