@@ -1,10 +1,14 @@
-"""The memo of messages' JSON: the same text as pydantic's, once per object, bounded."""
+"""The memo of messages' JSON: the same text as pydantic's, once per object, bounded; an input's
+record JSON, for the log."""
 
 from __future__ import annotations
 
+import json
+
 from gpuquota.adapters import message_json as memo
 from gpuquota.adapters.kafka import encode
-from gpuquota.adapters.log_codec import encode_events
+from gpuquota.adapters.log_codec import decode_record, encode_events, encode_input
+from gpuquota.scheduler.records import SourceRecord, decode
 from gpuquota.wire import events as ev
 from tests.builders import Harness, job
 
@@ -35,3 +39,15 @@ def test_the_memo_gives_pydantics_json_for_every_kind_of_message() -> None:
     assert {type(m) for m in messages} >= {ev.JobAccepted, ev.InputRejected}
     for message in messages:
         assert memo.message_json(message) == message.model_dump_json()
+
+
+def test_an_input_read_from_a_record_is_logged_as_the_records_json() -> None:
+    submit = Harness.worked_example().inputs[-1]
+    spaced = json.dumps(json.loads(submit.model_dump_json()), indent=1)  # valid, not pydantic's text
+    record = SourceRecord("inputs", 0, 7, b"pool", spaced.encode())
+    decoded = decode(record, "default")
+    assert not isinstance(decoded, str)
+    pool, message = decoded
+    assert (pool, message) == ("pool", submit)
+    assert encode_input(message) == spaced, "not encoded again"
+    assert decode_record(1, encode_input(message), "[]").input == submit, "reads back equal"

@@ -19,7 +19,7 @@ EVENTS_ADAPTER: TypeAdapter[tuple[SchedulerEvent, ...]] = TypeAdapter(tuple[Sche
 
 
 def encode_input(message: SchedulerInput) -> str:
-    return message.model_dump_json()
+    return message_json(message)  # the JSON it was decoded from, when it came from a Kafka record
 
 
 def encode_events(events: Sequence[SchedulerEvent]) -> str:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
+from gpuquota.adapters.message_json import remember
 from gpuquota.scheduler.loop import Publisher
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
@@ -48,9 +49,11 @@ def decode(record: SourceRecord, default_pool: str) -> tuple[str, SchedulerInput
         if not POOL_NAME.match(pool):
             return f"invalid key {pool[:200]!r}: not a pool name"
     try:
-        return pool, INPUT_ADAPTER.validate_json(record.value)
+        message = INPUT_ADAPTER.validate_json(record.value)
     except ValidationError as exc:
         return rejection_reason(exc)
+    remember(message, record.value.decode())  # what the log stores: the record's JSON, not encoded again
+    return pool, message
 
 
 def rejection_reason(exc: ValidationError) -> str:
