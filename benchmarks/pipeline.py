@@ -28,7 +28,7 @@ only the ``JobDispatched`` records parsed). Reported:
   they had work (``benchmarks.server_cpu.HostCpu``): a run with much steal ran on a slower machine;
 * ``calibration_ms``: a fixed piece of pure-Python work timed in this process just before and just
   after that span (``benchmarks.server_cpu.calibration_ms``): the machine's speed, which moves even
-  without steal (a neighbour on the same physical core);
+  without steal (a neighbour on the same physical core); ``load_average_1m`` at the same two moments;
 * with ``--windows W``: ``window_p99_ms``, the p99 of the jobs submitted in each ``W``-second window,
   ``submit_to_published_p99_ms`` (to the ``JobDispatched`` record's timestamp: the moment the scheduler
   produced it; what is left to the p99 above is the broker and this process reading it back),
@@ -217,7 +217,7 @@ async def throughput(
                     raise RuntimeError(f"{warmup_lost} warm-up jobs were never dispatched")
                 watch.restart()
             total = int(rate * seconds)
-            calibration = [calibration_ms()]
+            calibration, load = [calibration_ms()], [round(os.getloadavg()[0], 2)]
             cpu.start()
             host.start()
             client_began = _own_cpu()
@@ -227,6 +227,7 @@ async def throughput(
             cpu.stop()
             host.stop()
             calibration.append(calibration_ms())
+            load.append(round(os.getloadavg()[0], 2))
             cpu.seconds["client"] = _own_cpu() - client_began
         finally:
             for task in tasks:
@@ -249,6 +250,7 @@ async def throughput(
     summary["cpu_ms_per_job"] = per_job
     summary["host_cpu_seconds"] = host.seconds
     summary["calibration_ms"] = calibration
+    summary["load_average_1m"] = load
     return summary
 
 
