@@ -85,7 +85,7 @@ from benchmarks.pipeline_workload import NODES, SLOTS_PER_NODE
 from benchmarks.pipeline_workload import setup_inputs as setup_inputs
 from benchmarks.pipeline_workload import submission as submission
 from benchmarks.report import print_result
-from benchmarks.server_cpu import HostCpu, ServerCpu, broker_pid, calibration_ms, postmaster_pid
+from benchmarks.server_cpu import HostCpu, ServerCpu, broker_pid, postmaster_pid
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
@@ -199,7 +199,8 @@ async def throughput(
         }
         scheduler = await _scheduler_process(env, workdir / "scheduler.log")
         producer = await started_producer(kafka)
-        watch, cpu, host = Watch(), ServerCpu({**servers, "scheduler": scheduler.pid}), HostCpu()
+        watch, cpu = Watch(), ServerCpu({**servers, "scheduler": scheduler.pid})
+        host = HostCpu(calibrate=True)
         tasks = [asyncio.create_task(play_nodes_and_observe(kafka, topics, pool, watch))]
         try:
             for message in setup_inputs(run, slots=slots_per_node):
@@ -217,17 +218,14 @@ async def throughput(
                     raise RuntimeError(f"{warmup_lost} warm-up jobs were never dispatched")
                 watch.restart()
             total = int(rate * seconds)
-            calibration, load = [calibration_ms()], [round(os.getloadavg()[0], 2)]
+            host.start()  # calibrates first, outside the servers' span
             cpu.start()
-            host.start()
             client_began = _own_cpu()
             await submit(sender, run, rate, total, watch)
             await producer.flush()
             await _drain(watch, total, drain, database, pool)
             cpu.stop()
             host.stop()
-            calibration.append(calibration_ms())
-            load.append(round(os.getloadavg()[0], 2))
             cpu.seconds["client"] = _own_cpu() - client_began
         finally:
             for task in tasks:
@@ -248,9 +246,7 @@ async def throughput(
     order = ("client", "scheduler", "broker", "database")
     per_job = {name: round(cpu.seconds[name] * 1000 / jobs, 3) for name in order if name in cpu.seconds}
     summary["cpu_ms_per_job"] = per_job
-    summary["host_cpu_seconds"] = host.seconds
-    summary["calibration_ms"] = calibration
-    summary["load_average_1m"] = load
+    summary.update(host.readings())
     return summary
 
 

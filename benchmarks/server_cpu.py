@@ -14,6 +14,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROC = Path("/proc")
@@ -113,18 +114,24 @@ def host_cpu_seconds() -> dict[str, float]:
 
 
 class HostCpu:
-    """The machine's CPU seconds between ``start()`` and ``stop()`` (``seconds``, by kind).
+    """The machine's CPU seconds between ``start()`` and ``stop()`` (``seconds``, by kind); with
+    ``calibrate``, also ``calibration_ms`` and the 1-minute load average just before the start and
+    just after the stop, outside the span.
 
-    On a shared virtual machine the same code runs up to a fifth slower while the neighbours are
-    busy (docs/benchmarks.md, session 8); ``steal`` beside a result says how much of a run the
-    hypervisor took, so that two runs can be compared.
+    On a shared virtual machine the same code runs slower while the hypervisor gives the vCPUs to
+    other machines (``steal``), and up to half as fast with no steal at all (docs/benchmarks.md,
+    session 9); both beside a result let two runs be compared (``readings``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, calibrate: bool = False) -> None:
+        self._calibrate = calibrate
         self._started: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
+        self.calibration_ms: list[float] = []
+        self.load_average_1m: list[float] = []
 
     def start(self) -> HostCpu:
+        self._mark()
         self._started = host_cpu_seconds()
         return self
 
@@ -132,7 +139,18 @@ class HostCpu:
         """The seconds by kind since ``start()``, rounded, also kept in ``seconds``."""
         now = host_cpu_seconds()
         self.seconds = {kind: round(now[kind] - began, 2) for kind, began in self._started.items()}
+        self._mark()
         return self.seconds
+
+    def readings(self) -> dict[str, Any]:
+        """What a benchmark's JSON reports of the machine (after ``stop()``)."""
+        marks = {"calibration_ms": self.calibration_ms, "load_average_1m": self.load_average_1m}
+        return {"host_cpu_seconds": self.seconds, **(marks if self._calibrate else {})}
+
+    def _mark(self) -> None:
+        if self._calibrate:
+            self.calibration_ms.append(calibration_ms())
+            self.load_average_1m.append(round(os.getloadavg()[0], 2))
 
 
 CALIBRATION_STEPS = 1_000_000

@@ -52,7 +52,7 @@ from typing import Any
 
 from benchmarks.gateway import Server, create_queue
 from benchmarks.report import print_result
-from benchmarks.server_cpu import HostCpu, calibration_ms, process_cpu_seconds
+from benchmarks.server_cpu import HostCpu, process_cpu_seconds
 
 UNIT = "ml.g5.xlarge"
 QUEUE = "throughput"
@@ -299,17 +299,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             submitter.warm(args.clients)
             result: dict[str, Any] = {"jobs": args.jobs, "slots": args.slots, "duration": args.duration}
             result["job_command"] = args.job_command
-            calibration = [calibration_ms()]
-            load_before, host = os.getloadavg()[0], HostCpu().start()
+            host = HostCpu(calibrate=True).start()
             cpu_before, jobs_cpu_before = server.cpu_seconds(), children_cpu_seconds(server.process.pid)
             result.update(starts_phase(server.url, args, submitter, starts))
             result["server_cpu_ms_per_job"] = round((server.cpu_seconds() - cpu_before) * 1000 / args.jobs, 2)
             jobs_cpu = children_cpu_seconds(server.process.pid) - jobs_cpu_before
             result["jobs_cpu_ms_per_job"] = round(jobs_cpu * 1000 / args.jobs, 2)
             result["preemption_to_start_s"] = round(preemption_phase(server.url, args, submitter, starts), 3)
-            result["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-            result["host_cpu_seconds"] = host.stop()
-            result["calibration_ms"] = [*calibration, calibration_ms()]
+            host.stop()
+            result.update(host.readings())
             submitter.pool.shutdown()
         finally:
             server.stop()

@@ -7,6 +7,7 @@ per distinct event id; and the CPU of the servers it started is read for the who
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,21 @@ def test_a_slots_round_trip_runs_from_its_jobs_dispatch_to_its_success_as_publis
     assert watch.ended == {"j1": late.timestamp / 1000}
     watch.restart()
     assert watch.ended == {}
+
+
+def test_a_calibrated_host_reading_marks_the_machine_outside_its_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_cpu, "PROC", tmp_path)
+    (tmp_path / "stat").write_text("cpu  100 0 0 100 0 0 0 0 0 0\n")
+    marks = iter([50.0, 90.0])
+    monkeypatch.setattr(server_cpu, "calibration_ms", lambda: next(marks))
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.234, 0.0, 0.0))
+    host = server_cpu.HostCpu(calibrate=True).start()
+    host.stop()
+    assert host.readings() == {
+        "host_cpu_seconds": {"busy": 0.0, "idle": 0.0, "steal": 0.0},
+        "calibration_ms": [50.0, 90.0],
+        "load_average_1m": [1.23, 1.23],
+    }
+    assert server_cpu.HostCpu().start().readings().keys() == {"host_cpu_seconds"}
