@@ -4,6 +4,7 @@ configuration (cumulative, log scale). PNG or SVG, by the file's suffix (matplot
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from gpuquota.ctl.api import CliError
@@ -12,9 +13,15 @@ from gpuquota.sim.engine import Result
 FORMATS = (".png", ".svg")
 
 
+NEEDS_PLOTS = "simulate --plot needs matplotlib: pip install 'gpuquota[plots]'"
+
+
 def check_target(path: str) -> None:
+    """Fail before the simulation runs: a bad suffix, or matplotlib missing (plotting is an extra)."""
     if Path(path).suffix.lower() not in FORMATS:
         raise CliError(f"--plot {path}: the file must end in .png or .svg")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CliError(NEEDS_PLOTS)
 
 
 def draw(results: list[Result], path: str) -> None:
