@@ -150,10 +150,6 @@ class ShareDoc(_Doc):
         )
 
 
-def _capacity(limits: dict[str, int]) -> tuple[CapacityLimit, ...]:
-    return tuple(CapacityLimit(unit=unit, max_capacity=count) for unit, count in limits.items())
-
-
 class ApplyDoc(_Doc):
     schedulingPolicy: PolicyDoc | None = None
     serviceEnvironment: EnvironmentDoc | None = None

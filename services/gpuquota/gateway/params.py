@@ -125,11 +125,6 @@ class Params:
         value = self._typed(key, required, dict, "an object")
         return None if value is None else Params(value, self._path(key))
 
-    def req_obj(self, key: str) -> Params:
-        value = self.obj(key, required=True)
-        assert value is not None
-        return value
-
     def array(self, key: str, required: bool = False, max_items: int | None = None) -> list[Any] | None:
         value: list[Any] | None = self._typed(key, required, list, "a list")
         if value is not None and max_items is not None and len(value) > max_items:

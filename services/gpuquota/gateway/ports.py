@@ -1,8 +1,9 @@
 """How the gateway sends writes to the scheduler: the ``CommandPort``.
 
-Embedded mode calls the in-process shell and reports the core's rejection of the input (its
-``InputRejected`` event) as ``CommandRejected``. A Kafka port (distributed mode) will only publish,
-so it cannot report rejections; the gateway's own validation must catch what it can beforehand.
+Both modes report the core's rejection of an input (its ``InputRejected`` event) as
+``CommandRejected``: the embedded port calls the in-process shell and reads the decision it returns;
+the Kafka port (``gpuquota.gateway.kafka_port``, distributed mode) produces the input and waits, up to
+its decision timeout, for the decision in the log. A write not decided by then is still accepted.
 """
 
 from __future__ import annotations
