@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuquota.node_agent import children
 from gpuquota.node_agent.instances import (
     CONTAINER_MASTER_PORT,
     GroupHandle,
@@ -106,20 +107,9 @@ class ContainerEngine:
         return [self.path, *runtime, *args]
 
     async def call(self, *args: str, timeout: float | None = _COMMAND_TIMEOUT) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv(*args),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise
-        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        """(return code, stdout, stderr) once the command has exited (not once its output ends: a
+        container's monitor may inherit it, :mod:`~gpuquota.node_agent.children`)."""
+        return await children.run(self.argv(*args), timeout)
 
     def call_sync(self, *args: str) -> tuple[int, str]:
         done = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=_COMMAND_TIMEOUT)

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,8 +33,6 @@ if TYPE_CHECKING:  # instances imports this module
     from gpuquota.node_agent.instances import Instance
 
 Trace = Callable[[str], None]
-#: threads of the process runtime's launches (mostly system calls: the GIL is free while they wait)
-LAUNCH_THREADS = 4
 
 
 class LaunchError(RuntimeError):
@@ -243,13 +240,6 @@ def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> Non
         raise LaunchError(f"Cannot start the attempt: command not found: {program}")
 
 
-@functools.cache
-def _launcher() -> ThreadPoolExecutor:
-    """The process's launch threads, made at its first launch and shared by its process runtimes (an
-    executor per runtime kept its idle threads for as long as the process lived)."""
-    return ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="launch")
-
-
 class ProcessRuntime:
     """Runs the payload's command as a local process in its own process group (session), through
     the exit wrapper when the spec has an ``exit_path``. ``exit_wrapper``: the wrapper's command
@@ -291,7 +281,7 @@ class ProcessRuntime:
                 # queued there (the embedded scheduler's log appends, the agent's state.json writes)
                 start = functools.partial(self._start, spec, instance, index, master, port)
                 in_context = functools.partial(contextvars.copy_context().run, start)
-                handles.append(await loop.run_in_executor(_launcher(), in_context))
+                handles.append(await loop.run_in_executor(children.launcher(), in_context))
         except BaseException:
             for handle in handles:
                 await handle.reap()
