@@ -49,7 +49,8 @@ The node player's fetch is on every slot's way back to the pool (a node agent's 
 once: aiokafka's default, 1 byte): with 64 KiB, at 3,000 jobs/s it waited about 10-20 ms per fetch
 for the ``RunAttempt`` and job-state records to add up, of the 85 ms a slot of the 256 may take to
 turn over, and the pool ran out; 16 KiB gave 2,976-2,998 jobs/s in four runs where 64 KiB gave
-2,361-2,883 beside them (docs/benchmarks.md, session 8)."""
+2,361-2,883 beside them (alternating runs; their tables are in the git history of
+docs/benchmarks.md)."""
 EVENT_ID_FIRST = '{"event_id":"'
 """How ``encode`` starts a message: its event id first (the string from the last character on)."""
 _DECODER = json.JSONDecoder()

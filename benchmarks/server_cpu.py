@@ -120,7 +120,7 @@ class HostCpu:
 
     On a shared virtual machine the same code runs slower while the hypervisor gives the vCPUs to
     other machines (``steal``), and up to half as fast with no steal at all (docs/benchmarks.md,
-    session 9); both beside a result let two runs be compared (``readings``).
+    "Before you run one"); both beside a result let two runs be compared (``readings``).
     """
 
     def __init__(self, calibrate: bool = False) -> None:
