@@ -40,6 +40,7 @@ def browser(browser_paths: tuple[str, str], tmp_path: Path) -> Iterator[webdrive
         f"--user-data-dir={tmp_path / 'chromium'}",
     ):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # test_console reads CSP refusals
     chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
     try:
         yield chrome

@@ -8,6 +8,7 @@ the README and docs/operations.md).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import urllib.error
 import urllib.parse
@@ -29,6 +30,13 @@ from tests.observe.helpers import get_json, stack
 T = TypeVar("T")
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
 FIGURES = ("limit", "maximum", "used", "borrowed", "lent", "queued")
+
+
+def console_token(page: str) -> str:
+    """The console token in the served ``index.html`` (``gpuquota.gateway.browser_guard``)."""
+    found = re.search(r'<meta name="gpuquota-console-token" content="([^"]+)">', page)
+    assert found is not None, page
+    return found.group(1)
 
 
 def until(browser: Chrome, condition: Callable[[Chrome], T], timeout: float = 30) -> T:
@@ -117,6 +125,9 @@ def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> 
             "QS3": "min runtime 600s, reborrow backoff 120s",
         }
         screenshot(browser, tmp_path, "overview")
+        # the bars' geometry, set through the CSSOM (the Content-Security-Policy forbids style attributes)
+        used = browser.find_element(By.CSS_SELECTOR, 'tr[data-share="QS1"] .bar .used')
+        assert used.value_of_css_property("width") not in ("", "0px", "auto")
 
         # step 2, through boto3: the page follows by itself (live updates)
         ids["qs2_job_1"] = submit(batch, "qs2_job_1", "QS2", 1)
@@ -169,6 +180,9 @@ def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> 
         browser.get(f"{running.url}/console/#/nodes")
         until(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, ".node .slot.busy")) == 2)
         screenshot(browser, tmp_path, "nodes")
+        # nothing on the pages broke the Content-Security-Policy (Chromium logs every refusal)
+        logged = [entry["message"] for entry in browser.get_log("browser")]  # type: ignore[no-untyped-call]
+        assert not [m for m in logged if "Content Security Policy" in m], logged
     finally:
         running.close()
 
@@ -178,13 +192,19 @@ def test_console_is_read_only_with_authentication_on(tmp_path: Path) -> None:
     try:
         code, overview = get_json(running.url + "/console/api/overview")
         assert (code, overview["readOnly"]) == (200, True)
+        with urllib.request.urlopen(running.url + "/console/", timeout=10) as response:
+            token = console_token(response.read().decode())
         request = urllib.request.Request(
-            running.url + "/console/api/jobs/x/terminate", data=b"{}", method="POST"
+            running.url + "/console/api/jobs/x/terminate",
+            data=b"{}",
+            method="POST",
+            headers={"Content-Type": "application/json", "X-Gpuquota-Console-Token": token},
         )
         try:
             urllib.request.urlopen(request, timeout=10)
             raise AssertionError("a write was accepted with authentication on")
         except urllib.error.HTTPError as exc:
             assert exc.code == 403
+            assert "read-only" in exc.read().decode()  # refused as read-only, not for want of the token
     finally:
         running.close()

@@ -108,7 +108,9 @@ def test_health_and_raw_requests(secured: Stack) -> None:
     with urllib.request.urlopen(secured.stack.url + "/health", timeout=10) as response:
         assert response.status == 200
     for path in ("/v1/listquotashares", "/v1/nosuchoperation", "/gpuquota/v1/shares"):
-        request = urllib.request.Request(secured.stack.url + path, data=b"{}", method="POST")
+        request = urllib.request.Request(
+            secured.stack.url + path, data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=10)
         assert info.value.code == 403

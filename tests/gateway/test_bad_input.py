@@ -258,7 +258,7 @@ def test_a_body_held_open_is_answered(stack: Stack, monkeypatch: pytest.MonkeyPa
     assert url.port is not None
     with socket.create_connection((url.hostname, url.port), timeout=30) as conn:
         head = (
-            "POST /v1/describejobqueues HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST /v1/describejobqueues HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
             "Content-Length: 100\r\n\r\n{"
         )
         conn.sendall(head.encode())

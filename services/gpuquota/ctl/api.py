@@ -171,7 +171,9 @@ class Api:
 
         credentials = boto3.Session().get_credentials() if _configured_credentials() else None
         signer = SigV4Auth(credentials or Credentials("gpuquota", "gpuquota"), "batch", REGION)
-        request = AWSRequest(method=method, url=url)
+        # the gateway takes a POST only as JSON (gpuquota.gateway.browser_guard), even without a body
+        headers = {"Content-Type": "application/json"} if method == "POST" else {}
+        request = AWSRequest(method=method, url=url, headers=headers)
         signer.add_auth(request)
         return urllib.request.Request(url, headers=dict(request.headers.items()), method=method)
 

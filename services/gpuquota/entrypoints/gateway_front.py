@@ -1,6 +1,7 @@
 """The gateway's front, as both assemblies (``embedded``, ``distributed``) start and stop it: its HTTP
-listener and the start-estimate explainer that its ``explain`` answers with (``gpuquota.sim.explainer``),
-whose sweeps run only while the gateway listens."""
+listener, the browser guard of that listener (``gpuquota.gateway.browser_guard``: which ``Host`` and
+``Origin`` values it answers) and the start-estimate explainer that its ``explain`` answers with
+(``gpuquota.sim.explainer``), whose sweeps run only while the gateway listens."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from collections.abc import Callable
 
 from gpuquota.core import ClusterState
 from gpuquota.gateway import Gateway
+from gpuquota.gateway.browser_guard import BrowserGuard, BrowserPolicy
 from gpuquota.httpserver import HttpServer
 from gpuquota.readmodel import ReadModel
 from gpuquota.sim.estimate import estimating_explainer
 
 
 class GatewayFront:
-    """Give ``explainer`` to the ``Gateway``, then :meth:`serve` it; ``port`` 0 picks a free port."""
+    """Give ``explainer`` and ``guard`` to the ``Gateway``, then :meth:`serve` it; ``port`` 0 picks a
+    free port."""
 
     def __init__(
         self,
@@ -23,8 +26,10 @@ class GatewayFront:
         state: Callable[[], ClusterState],
         read_model: ReadModel,
         clock: Callable[[], int],
+        browser: BrowserPolicy | None = None,
     ) -> None:
         self.server = HttpServer(host, port)
+        self.guard = BrowserGuard(host, browser)
         self.explainer = estimating_explainer(state, read_model, clock)
 
     async def serve(self, gateway: Gateway) -> int:

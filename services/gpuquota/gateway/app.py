@@ -18,6 +18,9 @@ answers "does not exist"; a rejection by the core restores the previous view and
 
 Errors: ``ClientException`` (HTTP 400) and ``ServerException`` (HTTP 500), with the header
 ``x-amzn-ErrorType`` and the body ``{"message": ...}``, which botocore turns into ``ClientError``.
+
+Before any of this, the ``BrowserGuard`` (``gpuquota.gateway.browser_guard``) refuses what a web page
+could send: a foreign ``Host`` (421), a foreign ``Origin`` (403), a POST that is not JSON (415).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.gateway import environments, jobs, policies, queues, shares, tags
 from gpuquota.gateway.access import authenticate, check_job, denied
 from gpuquota.gateway.auth import Keyring, Principal
+from gpuquota.gateway.browser_guard import BrowserGuard
 from gpuquota.gateway.context import Context, Operation
 from gpuquota.gateway.edge import body_params as _body
 from gpuquota.gateway.edge import errors as _errors
@@ -89,10 +93,12 @@ class Gateway(Context):
         pool: str = "default",
         explainer: Explainer | None = None,
         auth: Keyring | None = None,
+        guard: BrowserGuard | None = None,
     ) -> None:
         super().__init__(read_model, port, clock, pool)
         self.explainer = explainer
         self.auth = auth
+        self.guard = guard or BrowserGuard()  # the console reads its token
         self.route_hooks: list[Callable[[web.Application], None]] = []  # /metrics, /health/*, /console/
         self.table = {op.name.lower(): op for op in OPERATIONS}
         self.operation_names = {lower: op.name for lower, op in self.table.items()}
@@ -113,7 +119,8 @@ class Gateway(Context):
     # ----- HTTP --------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+        middlewares = [self.guard.middleware, _errors]  # the guard first: before the body is read
+        app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/health", _health)
         app.router.add_route("*", "/v1/tags/{arn:.+}", self._tags)
         app.router.add_get("/gpuquota/v1/shares", self._shares_route)

@@ -9,6 +9,12 @@ authentication off it can change a job's priority and terminate it, through the 
 ``UpdateServiceJob`` and ``TerminateServiceJob``; with authentication on the API refuses both (the
 browser cannot sign requests), and the page shows no buttons. The reads are not signed: put the console
 behind the network controls of the deployment when authentication is on.
+
+Only the console's own page may change anything: ``index.html`` carries the gateway's console token
+(``gpuquota.gateway.browser_guard``) in ``<meta name="gpuquota-console-token">``, and console.js sends
+it with every change; the guard refuses changes without it. The page is served ``no-store``, so the
+token stays out of caches, and the guard gives every console answer a strict Content-Security-Policy:
+the page has no inline script or style (console.js sets the bars' geometry through the CSSOM).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ STATIC = Path(__file__).parent / "static"
 POLL_MS = 1000
 MAX_JOBS = 500
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+TOKEN_PLACEHOLDER = b"{{console-token}}"
 
 
 class Console:
@@ -67,7 +74,12 @@ class Console:
         raise web.HTTPFound("/console/")
 
     async def _page(self, _: web.Request) -> web.Response:
-        return _file(STATIC / "index.html")
+        page = (STATIC / "index.html").read_bytes()
+        token = self.gateway.guard.console_token.encode()  # URL-safe base64: nothing to escape in HTML
+        return web.Response(
+            body=page.replace(TOKEN_PLACEHOLDER, token),
+            headers={"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"},
+        )
 
     async def _static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

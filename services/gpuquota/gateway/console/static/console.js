@@ -3,6 +3,9 @@
 "use strict";
 
 const API = "/console/api";
+// The gateway's console token (gpuquota.gateway.browser_guard): only a page it served can read it, and
+// every change sends it, so no other page can make one.
+const TOKEN = document.querySelector('meta[name="gpuquota-console-token"]').content;
 let pollMs = 1000;
 let timer = null;
 let readOnly = true;
@@ -21,11 +24,16 @@ async function api(path, options) {
 let rendered = new WeakMap();
 
 // Replace an element's content only when it changed: a poll that finds nothing new leaves the page
-// (and what the user is pointing at) alone.
+// (and what the user is pointing at) alone. The Content-Security-Policy forbids style attributes, so
+// the bars carry their geometry as data-left/data-width (percentages), applied through the CSSOM.
 function render(element, html) {
   if (rendered.get(element) === html) return;
   rendered.set(element, html);
   element.innerHTML = html;
+  for (const span of element.querySelectorAll("[data-left]")) {
+    span.style.left = span.dataset.left + "%";
+    if (span.dataset.width !== undefined) span.style.width = span.dataset.width + "%";
+  }
 }
 
 function time(ms) {
@@ -55,11 +63,11 @@ function bar(row, unit, scale) {
   const lent = row.lent[unit] || 0, queued = row.queued[unit] || 0;
   const inQuota = used - borrowed;
   return `<div class="bar" title="used ${used}, limit ${limit}, borrowed ${borrowed}, lent ${lent}, queued ${queued}">
-    <span class="used" style="left:0;width:${pct(inQuota)}%"></span>
-    <span class="borrowed" style="left:${pct(inQuota)}%;width:${pct(borrowed)}%"></span>
-    <span class="lent" style="left:${pct(inQuota)}%;width:${pct(lent)}%"></span>
-    <span class="queued" style="left:${pct(used)}%;width:${pct(queued)}%"></span>
-    <span class="limit" style="left:${pct(limit)}%"></span></div>`;
+    <span class="used" data-left="0" data-width="${pct(inQuota)}"></span>
+    <span class="borrowed" data-left="${pct(inQuota)}" data-width="${pct(borrowed)}"></span>
+    <span class="lent" data-left="${pct(inQuota)}" data-width="${pct(lent)}"></span>
+    <span class="queued" data-left="${pct(used)}" data-width="${pct(queued)}"></span>
+    <span class="limit" data-left="${pct(limit)}"></span></div>`;
 }
 
 async function overview(view) {
@@ -69,9 +77,9 @@ async function overview(view) {
   for (const row of data.shares) {
     for (const unit of row.units) (groups[`${row.jobQueue}|${unit}`] ??= []).push(row);
   }
-  let html = `<div class="legend"><span><i style="background:var(--used)"></i>used in quota</span>
-    <span><i style="background:var(--borrowed)"></i>borrowed</span><span><i style="background:var(--lent)"></i>lent</span>
-    <span><i style="background:var(--queued)"></i>queued</span><span><i style="background:var(--limit)"></i>limit</span></div>`;
+  let html = `<div class="legend"><span><i class="used"></i>used in quota</span>
+    <span><i class="borrowed"></i>borrowed</span><span><i class="lent"></i>lent</span>
+    <span><i class="queued"></i>queued</span><span><i class="limit"></i>limit</span></div>`;
   if (!data.shares.length) html += "<p>No quota shares yet.</p>";
   for (const [key, rows] of Object.entries(groups)) {
     const [queue, unit] = key.split("|");
@@ -220,7 +228,8 @@ function bindActions(id) {
   const result = document.getElementById("action-result");
   const post = async (what, body) => {
     try {
-      await api(`/jobs/${encodeURIComponent(id)}/${what}`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      const headers = { "Content-Type": "application/json", "X-Gpuquota-Console-Token": TOKEN };
+      await api(`/jobs/${encodeURIComponent(id)}/${what}`, { method: "POST", headers, body: JSON.stringify(body) });
       result.textContent = "done";
       result.className = "";
       refresh(false);
