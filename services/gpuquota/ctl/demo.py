@@ -67,8 +67,9 @@ class BackgroundStack:
 
     def __init__(self, data_dir: Path, runtime: str, nodes: str = f"{G5}=3") -> None:
         from gpuquota.entrypoints.embedded import EmbeddedStack
+        from gpuquota.observe.startup import new_event_loop
 
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # the services' (uvloop's), as gpuquota up runs
         self.thread = threading.Thread(target=self.loop.run_forever, name="gpuquota-demo-stack", daemon=True)
         self.thread.start()
         self.stack = EmbeddedStack(data_dir, port=0, nodes=nodes, runtime=runtime, preemption_grace=10.0)

@@ -158,6 +158,13 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The loop :func:`run_loop` runs on, for a stack in a thread of its own (``gpuquota demo``), so
+    that it runs as the services do."""
+    factory = _loop_factory()
+    return factory() if factory is not None else asyncio.new_event_loop()
+
+
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop
