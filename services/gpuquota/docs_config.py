@@ -48,9 +48,11 @@ def settings_meanings(doc: str | None = settings.__doc__) -> dict[str, tuple[str
     rows: dict[str, list[list[str]]] = {}
     current: str | None = None
     for line in lines[borders[1] + 1 : borders[2]]:
+        name = line.split(" ", 1)[0]  # a long name may overflow its column: the meaning follows it
         cells = [line[start:end].strip() for start, end in bounds]
-        if cells[0]:
-            current = cells[0]
+        cells[1] = line[max(bounds[1][0], len(name)) : bounds[1][1]].strip()
+        if name:
+            current = cells[0] = name
             rows[current] = [[cell] for cell in cells[1:]]
         elif current is not None:
             for column, cell in zip(rows[current], cells[1:], strict=True):

@@ -20,6 +20,11 @@ the job's new status, in order per job. Streams start where the job-state topic 
 started (``start()``), so a transition caused by anything submitted after ``start()`` is never missed;
 ``from_beginning=True`` replays what the topic still holds. Events are delivered at least once by the
 scheduler (it republishes after a restart); the client drops repeated event ids.
+
+A broker that wants TLS or SASL/SCRAM: pass ``security``, e.g. the services' own settings,
+``EventsClient(..., security=KafkaClientSettings.from_env(os.environ).kafka_security)``
+(``GPUQUOTA_KAFKA_SECURITY_PROTOCOL``, ``GPUQUOTA_KAFKA_SASL_*``, ``GPUQUOTA_KAFKA_SSL_*``; see
+docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -36,8 +41,16 @@ from typing import Any, Self
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gpuquota.adapters.kafka import InputProducer, KafkaTopics, bootstrap_list, header, partition_for
+from gpuquota.adapters.kafka import (
+    InputProducer,
+    KafkaTopics,
+    bootstrap_list,
+    client_options,
+    header,
+    partition_for,
+)
 from gpuquota.ids import uuid4, uuid7
+from gpuquota.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import TERMINAL_STATUSES, JobSpec, JobStatus
@@ -76,11 +89,19 @@ def _now_ms() -> int:
 class EventsClient:
     """Submit jobs and follow their transitions over Kafka; ``async with`` starts and stops it."""
 
-    def __init__(self, bootstrap: str, *, pool: str = "default", topic_prefix: str = "") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        pool: str = "default",
+        topic_prefix: str = "",
+        security: KafkaSecurity = PLAINTEXT,
+    ) -> None:
         self.bootstrap = bootstrap
         self.pool = pool
         self.topics = KafkaTopics(topic_prefix)
-        self._producer = InputProducer(bootstrap, self.topics, client_id="gpuquota-events")
+        self.security = security
+        self._producer = InputProducer(bootstrap, self.topics, client_id="gpuquota-events", security=security)
         self._start: dict[TopicPartition, int] = {}
         self._results_start: tuple[TopicPartition, int] | None = None
         self._waiters: dict[str, asyncio.Future[InputResult]] = {}
@@ -88,7 +109,7 @@ class EventsClient:
 
     async def start(self) -> None:
         await self._producer.start()
-        probe = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False)
+        probe = self._consumer()
         await probe.start()
         try:
             partitions = await self._producer.partitions_for(self.topics.job_state)
@@ -100,6 +121,14 @@ class EventsClient:
             self._results_start = (results, (await probe.end_offsets([results]))[results])
         finally:
             await probe.stop()
+
+    def _consumer(self) -> AIOKafkaConsumer:
+        """A consumer without a group (it assigns and seeks itself), with the client's credentials."""
+        return AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_list(self.bootstrap),
+            enable_auto_commit=False,
+            **client_options(self.security),
+        )
 
     async def stop(self) -> None:
         if self._results_reader is not None:
@@ -211,9 +240,7 @@ class EventsClient:
 
     async def _read_results(self, partition: TopicPartition, offset: int) -> None:
         """Resolve the waiters of this client's inputs from the pool's results partition."""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False
-        )
+        consumer = self._consumer()
         await consumer.start()
         try:
             consumer.assign([partition])
@@ -250,9 +277,7 @@ class EventsClient:
         tps = list(self._start)
         if job_id is not None:
             tps = [TopicPartition(self.topics.job_state, partition_for(job_id, len(tps)))]
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False
-        )
+        consumer = self._consumer()
         await consumer.start()
         seen: OrderedDict[str, None] = OrderedDict()
         try:

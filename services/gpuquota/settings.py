@@ -9,11 +9,24 @@ every offending variable.
 variable                       meaning                                                 services
 =============================  ======================================================  =========
 GPUQUOTA_KAFKA                 Kafka bootstrap servers, ``host:port[,host:port...]``    all
+GPUQUOTA_KAFKA_SECURITY_PROTOCOL ``PLAINTEXT`` (default), ``SSL``, ``SASL_PLAINTEXT``   all
+                               or ``SASL_SSL``: how clients reach the brokers
+GPUQUOTA_KAFKA_SASL_MECHANISM  ``SCRAM-SHA-512`` (default), ``SCRAM-SHA-256`` or         all
+                               ``PLAIN`` (SASL_* protocols)
+GPUQUOTA_KAFKA_SASL_USERNAME   the SASL user (required with SASL_*)                     all
+GPUQUOTA_KAFKA_SASL_PASSWORD   the SASL password (secret; or ..._PASSWORD_FILE)         all
+GPUQUOTA_KAFKA_SASL_PASSWORD_FILE file holding the SASL password (e.g. a mounted        all
+                               Kubernetes secret; one trailing newline is dropped)
+GPUQUOTA_KAFKA_SSL_CAFILE      CA bundle that signs the brokers' certificates (SSL,     all
+                               SASL_SSL; default: the system's CAs)
+GPUQUOTA_KAFKA_SSL_CERTFILE    client certificate (PEM) for mutual TLS (optional)       all
+GPUQUOTA_KAFKA_SSL_KEYFILE     its private key, if not in the certificate file          all
 GPUQUOTA_LOG_LEVEL             DEBUG, INFO, WARNING or ERROR (default INFO)             all
 GPUQUOTA_LOG_FORMAT            ``text`` (with timestamps) or ``json`` (one object/line)  all
 GPUQUOTA_STARTUP_TIMEOUT       seconds to wait for Kafka/PostgreSQL at start-up (60)     all
 GPUQUOTA_METRICS_PORT          port of /metrics and /health/* (default: none served)    scheduler, node-agent
-GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db``                  gateway, scheduler
+GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db[?sslmode=...]``;   gateway, scheduler
+                               TLS: ``sslmode=verify-full&sslrootcert=/ca.pem``
 GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
 GPUQUOTA_AUTH_KEYS             YAML/JSON file of SigV4 keys; unset: no authentication   gateway
@@ -50,10 +63,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
+from urllib.parse import parse_qs, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 ENV_PREFIX = "GPUQUOTA_"
 
@@ -61,10 +84,57 @@ _HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 #: fields whose values never appear in error messages (may contain passwords)
-_SECRET_FIELDS = frozenset({"database_url"})
+_SECRET_FIELDS = frozenset({"database_url", "kafka_sasl_password"})
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Name = Annotated[str, Field(pattern=_NAME.pattern)]
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]
+_SASL: frozenset[str] = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+_TLS: frozenset[str] = frozenset({"SSL", "SASL_SSL"})
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How a Kafka client authenticates and encrypts: the ``GPUQUOTA_KAFKA_*`` credentials, resolved.
+
+    ``gpuquota.adapters.kafka.client_options`` turns it into aiokafka's keyword arguments. The
+    password is a ``SecretStr``: printing or logging this value shows ``**********``.
+    """
+
+    protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
+    username: str = ""
+    password: SecretStr | None = None
+    cafile: Path | None = None
+    certfile: Path | None = None
+    keyfile: Path | None = None
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in _SASL
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in _TLS
+
+
+PLAINTEXT = KafkaSecurity()
+"""No TLS, no authentication: the default, and what a broker on loopback for tests speaks."""
+
+
+def read_secret(path: Path) -> str:
+    """A secret file's content less one trailing newline (how Kubernetes and editors write them)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the file: {exc.strerror}") from None
+    secret = text.removesuffix("\n").removesuffix("\r")
+    if not secret:
+        raise ValueError("the file is empty")
+    return secret
 
 
 class SettingsError(ValueError):
@@ -97,6 +167,15 @@ class _Settings(BaseModel):
     log_format: Literal["text", "json"] = "text"
     startup_timeout: Annotated[float, Field(gt=0, le=86400)] = 60.0
     topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,100}$")] = ""
+    # the Kafka credentials (KafkaSecurity); each validator below checks one against the protocol
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
+    kafka_sasl_username: str = Field("", validate_default=True)
+    kafka_sasl_password: SecretStr | None = None
+    kafka_sasl_password_file: Path | None = Field(None, validate_default=True)
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -136,6 +215,84 @@ class _Settings(BaseModel):
     def _upper_log_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
+    @property
+    def kafka_security(self) -> KafkaSecurity:
+        """The Kafka credentials; the password file is read now (a rotated secret is picked up)."""
+        password = self.kafka_sasl_password
+        if self.kafka_sasl_password_file is not None:
+            password = SecretStr(read_secret(self.kafka_sasl_password_file))
+        return KafkaSecurity(
+            self.kafka_security_protocol,
+            self.kafka_sasl_mechanism,
+            self.kafka_sasl_username,
+            password,
+            self.kafka_ssl_cafile,
+            self.kafka_ssl_certfile,
+            self.kafka_ssl_keyfile,
+        )
+
+    @field_validator("kafka_sasl_username")
+    @classmethod
+    def _check_sasl_username(cls, value: str, info: ValidationInfo) -> str:
+        protocol = info.data.get("kafka_security_protocol")  # absent: invalid, reported already
+        if protocol in _SASL and not value:
+            raise ValueError(f"is required with GPUQUOTA_KAFKA_SECURITY_PROTOCOL={protocol}")
+        if value and protocol not in _SASL | {None}:
+            raise ValueError(_NEEDS_SASL)
+        return value
+
+    @field_validator("kafka_sasl_password")
+    @classmethod
+    def _check_sasl_password(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is not None and not value.get_secret_value():
+            raise ValueError("is empty")
+        if value is not None and info.data.get("kafka_security_protocol") not in _SASL | {None}:
+            raise ValueError(_NEEDS_SASL)
+        return value
+
+    @field_validator("kafka_sasl_password_file")
+    @classmethod
+    def _check_sasl_password_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        """One of the password and its file with SASL (the file readable), neither without."""
+        protocol = info.data.get("kafka_security_protocol")
+        password = info.data.get("kafka_sasl_password", "invalid")  # None: not given
+        if value is None:
+            if protocol in _SASL and password is None:
+                raise ValueError(
+                    f"GPUQUOTA_KAFKA_SASL_PASSWORD or GPUQUOTA_KAFKA_SASL_PASSWORD_FILE is required "
+                    f"with GPUQUOTA_KAFKA_SECURITY_PROTOCOL={protocol}"
+                )
+            return value
+        if protocol not in _SASL | {None}:
+            raise ValueError(_NEEDS_SASL)
+        if password is not None:
+            raise ValueError("set GPUQUOTA_KAFKA_SASL_PASSWORD or this file, not both")
+        read_secret(value)  # fail at start-up, not at the first connection
+        return value
+
+    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
+    @classmethod
+    def _check_ssl_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return value
+        if info.data.get("kafka_security_protocol") not in _TLS | {None}:
+            raise ValueError("needs GPUQUOTA_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL")
+        if not value.is_file():
+            raise ValueError("no such file")
+        if info.field_name == "kafka_ssl_keyfile" and info.data.get("kafka_ssl_certfile", value) is None:
+            raise ValueError("needs GPUQUOTA_KAFKA_SSL_CERTFILE (the certificate of this key)")
+        return value
+
+
+_NEEDS_SASL = "needs GPUQUOTA_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT or SASL_SSL"
+
+
+class KafkaClientSettings(_Settings):
+    """A Kafka client's settings: GPUQUOTA_KAFKA and its credentials (``gpuquota up``, event clients).
+
+    ``KafkaClientSettings.from_env(os.environ).kafka_security`` is what ``EventsClient`` takes.
+    """
+
 
 class _DatabaseSettings(_Settings):
     database_url: str
@@ -143,8 +300,12 @@ class _DatabaseSettings(_Settings):
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str) -> str:
-        if not re.match(r"^postgres(ql)?://[^/\s]+/[^/\s]+$", value):
-            raise ValueError("expected postgresql://user:password@host:port/database")
+        # asyncpg reads the query itself (sslmode, sslrootcert, sslcert, sslkey): passed on unchanged
+        if not re.match(r"^postgres(ql)?://[^/\s]+/[^/\s?#]+(\?[^\s#]*)?$", value):
+            raise ValueError("expected postgresql://user:password@host:port/database[?sslmode=...]")
+        modes = parse_qs(urlsplit(value).query).get("sslmode", [])
+        if any(mode not in _SSLMODES for mode in modes):
+            raise ValueError(f"sslmode must be one of {', '.join(_SSLMODES)}")
         return value
 
 

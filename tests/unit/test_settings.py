@@ -24,6 +24,14 @@ DB = {"GPUQUOTA_DATABASE_URL": "postgresql://u:secret-pw@db:5432/gpuquota"}
 def test_env_var_lists() -> None:
     assert {
         "GPUQUOTA_KAFKA",
+        "GPUQUOTA_KAFKA_SECURITY_PROTOCOL",
+        "GPUQUOTA_KAFKA_SASL_MECHANISM",
+        "GPUQUOTA_KAFKA_SASL_USERNAME",
+        "GPUQUOTA_KAFKA_SASL_PASSWORD",
+        "GPUQUOTA_KAFKA_SASL_PASSWORD_FILE",
+        "GPUQUOTA_KAFKA_SSL_CAFILE",
+        "GPUQUOTA_KAFKA_SSL_CERTFILE",
+        "GPUQUOTA_KAFKA_SSL_KEYFILE",
         "GPUQUOTA_LOG_LEVEL",
         "GPUQUOTA_DATABASE_URL",
         "GPUQUOTA_HOST",

@@ -7,21 +7,30 @@ prefix also prefixes the consumer group ids derived here.
 Records: the value is the message's JSON (``model_dump_json``), the key the UTF-8 string the
 catalogue names (pool, job id, node id). Headers carry ``type`` and ``schema_version`` so routers and
 filters need not parse JSON; job-state records also carry ``job_queue`` and ``quota_share``.
+
+Credentials: every client the services create (admin, producers, consumers; faust's through
+``scheduler.faust_app.faust_credentials``) takes :func:`client_options` of the deployment's
+``KafkaSecurity`` (``GPUQUOTA_KAFKA_SECURITY_PROTOCOL`` and the SASL/TLS settings), so no client is
+left talking plaintext to a broker that wants TLS or SCRAM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.helpers import create_ssl_context
 
 from gpuquota.adapters.message_json import message_json
 from gpuquota.adapters.partitioner import default_partition
+from gpuquota.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.topics import (
@@ -85,12 +94,35 @@ def bootstrap_list(servers: str) -> list[str]:
     return [server.strip() for server in servers.split(",") if server.strip()]
 
 
-async def ensure_topics(bootstrap: str, topics: KafkaTopics, partitions: int | None = None) -> None:
+def client_options(security: KafkaSecurity) -> dict[str, Any]:
+    """aiokafka's keyword arguments for ``security``: protocol, SASL user and password, TLS context."""
+    options: dict[str, Any] = {"security_protocol": security.protocol}
+    if security.tls:
+        options["ssl_context"] = ssl_context(security)
+    if security.sasl:
+        assert security.password is not None, "the settings require a password with SASL"
+        options["sasl_mechanism"] = security.sasl_mechanism
+        options["sasl_plain_username"] = security.username
+        options["sasl_plain_password"] = security.password.get_secret_value()
+    return options
+
+
+def ssl_context(security: KafkaSecurity) -> ssl.SSLContext:
+    """A client TLS context that verifies the broker's certificate and host name (aiokafka's helper)."""
+    context: ssl.SSLContext = create_ssl_context(
+        cafile=security.cafile, certfile=security.certfile, keyfile=security.keyfile
+    )
+    return context
+
+
+async def ensure_topics(
+    bootstrap: str, topics: KafkaTopics, partitions: int | None = None, *, security: KafkaSecurity = PLAINTEXT
+) -> None:
     """Create the deployment's topics as the catalogue describes them; existing ones are kept.
 
     ``partitions`` overrides the catalogue's partition count (not the dead-letter topic's).
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap), **client_options(security))
     await admin.start()
     try:
         new = [
@@ -164,13 +196,21 @@ class InputProducer:
     one pool keep their order.
     """
 
-    def __init__(self, bootstrap: str, topics: KafkaTopics, *, client_id: str = "gpuquota") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: KafkaTopics,
+        *,
+        client_id: str = "gpuquota",
+        security: KafkaSecurity = PLAINTEXT,
+    ) -> None:
         self.topics = topics
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_list(bootstrap),
             client_id=client_id,
             enable_idempotence=True,
             linger_ms=1,
+            **client_options(security),
         )
 
     async def start(self) -> None:

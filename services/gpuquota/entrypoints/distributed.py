@@ -44,7 +44,7 @@ from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_un
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.scheduler.loop import GC_THRESHOLDS
-from gpuquota.settings import GatewaySettings, SchedulerSettings
+from gpuquota.settings import PLAINTEXT, GatewaySettings, KafkaSecurity, SchedulerSettings
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,10 @@ class GatewayService:
         store: EventStore | None = None,
         auth: Keyring | None = None,
         node_logs: LogReader | None = None,
+        kafka_security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.kafka = kafka
+        self.kafka_security = kafka_security
         self.database_url = database_url
         self.node_logs = node_logs
         """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
@@ -93,7 +95,7 @@ class GatewayService:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        await ensure_topics(self.kafka, self.topics)
+        await ensure_topics(self.kafka, self.topics, security=self.kafka_security)
         if self.store is None:
             self.store = await connect_store(self.database_url, retry_seconds=60.0)
         projector = self.projector = LogProjector(self.store, self.read_model, self.pool)
@@ -101,7 +103,9 @@ class GatewayService:
         log.info("gateway: read model folded %d log records of pool %s", folded, self.pool)
         self._tail = asyncio.create_task(projector.run(), name="gateway-log-tail")
         self._tail.add_done_callback(_report_crash)
-        self.producer = InputProducer(self.kafka, self.topics, client_id="gpuquota-gateway")
+        self.producer = InputProducer(
+            self.kafka, self.topics, client_id="gpuquota-gateway", security=self.kafka_security
+        )
         await self.producer.start()
         port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
         front = self._front = GatewayFront(
@@ -169,8 +173,9 @@ class NodeAgentService:
         preemption_grace: float = 30.0,
         logs_port: int | None = None,
         address: str = "",
+        kafka_security: KafkaSecurity = PLAINTEXT,
     ) -> None:
-        self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool)
+        self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool, security=kafka_security)
         self.log_server = None if logs_port is None else LogServer(work_dir, port=logs_port)
         self.agent = NodeAgent(
             node_id,
@@ -221,6 +226,7 @@ class DistributedStack:
         preemption_grace: float = 30.0,
         snapshot_every: int = 1000,
         auth: Keyring | None = None,
+        kafka_security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.lock = DirectoryLock(data_dir)
@@ -229,6 +235,7 @@ class DistributedStack:
                 kafka=kafka,
                 database_url=database_url,
                 topics=self.topics,
+                kafka_security=kafka_security,
                 default_pool=pool,
                 snapshot_every=snapshot_every,
                 heartbeat_timeout_ms=int(heartbeat_seconds * 6000),
@@ -245,6 +252,7 @@ class DistributedStack:
             port=port,
             auth=auth,
             node_logs=local,
+            kafka_security=kafka_security,
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:
@@ -260,6 +268,7 @@ class DistributedStack:
                     heartbeat_seconds=heartbeat_seconds,
                     preemption_grace=preemption_grace,
                     address="127.0.0.1",  # the stack's agents share this machine
+                    kafka_security=kafka_security,
                 )
                 self.agents.append(service)
 
@@ -371,6 +380,7 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
             port=settings.port,
             auth=auth,
             node_logs=HttpLogs(settings.node_logs_url) if settings.node_logs_url else None,
+            kafka_security=settings.kafka_security,
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 
@@ -387,6 +397,7 @@ def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | Non
         kafka=settings.kafka,
         database_url=settings.database_url,
         topics=KafkaTopics(settings.topic_prefix),
+        kafka_security=settings.kafka_security,
         default_pool=settings.pool,
         snapshot_every=settings.snapshot_every,
         tick_seconds=settings.tick_seconds,

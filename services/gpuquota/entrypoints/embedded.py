@@ -38,6 +38,7 @@ from gpuquota.observe.startup import run_loop, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
+from gpuquota.settings import KafkaClientSettings, KafkaSecurity, SettingsError
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
@@ -243,7 +244,13 @@ def run_up(args: argparse.Namespace) -> int:
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
-        return _run_distributed(args, kafka, database_url, port, auth)
+        try:  # distributed mode's Kafka credentials (GPUQUOTA_KAFKA_*)
+            environ = {**os.environ, "GPUQUOTA_KAFKA": kafka}
+            security = KafkaClientSettings.from_env(environ).kafka_security
+        except (SettingsError, ValueError) as exc:
+            print(f"gpuquota up: {exc}", file=sys.stderr)
+            return 2
+        return _run_distributed(args, kafka, database_url, port, auth, security)
     stack = EmbeddedStack(
         args.data_dir,
         args.host,
@@ -263,7 +270,12 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _run_distributed(
-    args: argparse.Namespace, kafka: str, database_url: str, port: int, auth: Keyring | None
+    args: argparse.Namespace,
+    kafka: str,
+    database_url: str,
+    port: int,
+    auth: Keyring | None,
+    security: KafkaSecurity,
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import DistributedStack, serve
@@ -283,6 +295,7 @@ def _run_distributed(
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
             auth=auth,
+            kafka_security=security,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())

@@ -126,6 +126,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
             preemption_grace=settings.preemption_grace,
             logs_port=settings.logs_port or None,
             address=settings.advertise_address or socket.gethostname(),
+            kafka_security=settings.kafka_security,
         )
         port = settings.metrics_port
         ops = None if port is None else agent_ops(service, settings.kafka, port)

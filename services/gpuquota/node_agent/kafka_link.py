@@ -30,10 +30,12 @@ from gpuquota.adapters.kafka import (
     InputProducer,
     KafkaTopics,
     bootstrap_list,
+    client_options,
     encode,
     message_headers,
     partition_for,
 )
+from gpuquota.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, NodeCommand
@@ -46,20 +48,32 @@ Deliver = Callable[[NodeCommand], Awaitable[None]]
 class KafkaNodeLink:
     """``send`` for a ``NodeAgent`` and a command feed for its ``deliver``."""
 
-    def __init__(self, bootstrap: str, topics: KafkaTopics, node_id: str, pool: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: KafkaTopics,
+        node_id: str,
+        pool: str,
+        *,
+        security: KafkaSecurity = PLAINTEXT,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.node_id = node_id
         self.pool = pool
-        self.producer = InputProducer(bootstrap, topics, client_id=f"gpuquota-node-{node_id}")
+        client_id = f"gpuquota-node-{node_id}"
+        self.producer = InputProducer(bootstrap, topics, client_id=client_id, security=security)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_list(bootstrap),
             group_id=topics.node_group(node_id),
-            client_id=f"gpuquota-node-{node_id}",
+            client_id=client_id,
             enable_auto_commit=False,
             auto_offset_reset="latest",
+            **client_options(security),
         )
-        self._letters = AIOKafkaProducer(bootstrap_servers=bootstrap_list(bootstrap), acks="all")
+        self._letters = AIOKafkaProducer(
+            bootstrap_servers=bootstrap_list(bootstrap), acks="all", **client_options(security)
+        )
         self._tp: TopicPartition | None = None
         self.delivered = 0
 

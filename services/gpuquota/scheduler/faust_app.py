@@ -44,6 +44,7 @@ from typing import Any, cast
 
 import faust
 from faust.types import TP
+from faust.types.auth import CredentialsT
 
 from gpuquota.adapters.event_store import EventStore, TransientStoreError
 from gpuquota.adapters.kafka import (
@@ -53,6 +54,7 @@ from gpuquota.adapters.kafka import (
     encode,
     ensure_topics,
     message_headers,
+    ssl_context,
 )
 from gpuquota.adapters.partitioner import default_partition
 from gpuquota.observe.metrics import Timings
@@ -60,6 +62,7 @@ from gpuquota.scheduler.faust_transport import Inbox, RawSchema, SchedulerApp
 from gpuquota.scheduler.loop import JobStateRecord
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, PipelineSettings
 from gpuquota.scheduler.records import SourceRecord
+from gpuquota.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult
@@ -75,6 +78,8 @@ class SchedulerConfig(PipelineSettings):
     kafka: str
     database_url: str
     topics: KafkaTopics = field(default_factory=KafkaTopics)
+    kafka_security: KafkaSecurity = PLAINTEXT
+    """TLS and SASL of every Kafka client of the service (faust's through ``faust_credentials``)."""
     tick_seconds: float = 1.0
     commit_interval: float = 1.0
     data_dir: Path = Path(".gpuquota")
@@ -180,6 +185,20 @@ class FaustPublisher:
         await delivery
 
 
+def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
+    """faust's ``broker_credentials`` for ``security`` (None: plaintext): ``client_options`` for faust."""
+    context = ssl_context(security) if security.tls else None
+    if security.sasl:
+        assert security.password is not None, "the settings require a password with SASL"
+        return faust.SASLCredentials(  # SASL_SSL when given a context
+            username=security.username,
+            password=security.password.get_secret_value(),
+            mechanism=security.sasl_mechanism,
+            ssl_context=context,
+        )
+    return None if context is None else faust.SSLCredentials(context)
+
+
 async def connect_store(url: str, retry_seconds: float) -> EventStore:
     """A ``PostgresEventStore``, retrying while the database is unreachable (bounded)."""
     from gpuquota.adapters.postgres_store import PostgresEventStore
@@ -215,7 +234,7 @@ class SchedulerService:
 
     async def start(self) -> None:
         cfg = self.config
-        await ensure_topics(cfg.kafka, self.topics, cfg.partitions)
+        await ensure_topics(cfg.kafka, self.topics, cfg.partitions, security=cfg.kafka_security)
         if self.store is None:
             self.store = await connect_store(cfg.database_url, cfg.store_retry_seconds)
         (cfg.data_dir / "faust").mkdir(parents=True, exist_ok=True)
@@ -230,6 +249,7 @@ class SchedulerService:
         app = SchedulerApp(
             cfg.app_id or self.topics.scheduler_group,
             broker=[f"kafka://{server}" for server in bootstrap_list(cfg.kafka)],
+            broker_credentials=faust_credentials(cfg.kafka_security),
             store="memory://",
             datadir=str(cfg.data_dir / "faust"),
             web_enabled=False,
