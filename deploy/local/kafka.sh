@@ -4,6 +4,8 @@
 #
 #   deploy/local/kafka.sh start    resolve jars (cached), format storage, start, wait until a
 #                                  client can produce; prints "kafka ready on 127.0.0.1:PORT in N.Ns"
+#   deploy/local/kafka.sh start --sasl
+#                                  the same with SASL/SCRAM (as KAFKA_SASL=scram): see below
 #   deploy/local/kafka.sh stop     SIGTERM (controlled shutdown) with a deadline, then SIGKILL;
 #                                  removes the data dir
 #   deploy/local/kafka.sh status   exit 0 and print the bootstrap address if running, else exit 1
@@ -19,8 +21,16 @@
 #   KAFKA_GC_OPTS        default "-XX:+UseSerialGC"; GC pauses are logged to $KAFKA_RUN_DIR/logs/gc.log
 #   KAFKA_JIT_OPTS       default "-XX:TieredStopAtLevel=1" (C1 only: starts fast, for tests); "" lets
 #                        C2 compile the hot paths (less CPU per record after warm-up: benchmarks)
+#   KAFKA_SASL           "scram": the client listener is SASL_PLAINTEXT with SCRAM-SHA-512 only (no
+#                        plaintext listener); default "" (PLAINTEXT, no authentication)
+#   KAFKA_SASL_USER      the SCRAM user created at format time, also used between the broker and
+#                        itself (default admin)
+#   KAFKA_SASL_PASSWORD  its password (default: a random one); letters, digits and ._~+- only
 #
-# After a successful start, $KAFKA_RUN_DIR/bootstrap holds "127.0.0.1:PORT".
+# After a successful start, $KAFKA_RUN_DIR/bootstrap holds "127.0.0.1:PORT". With SASL, also
+# $KAFKA_RUN_DIR/sasl-password (the password, mode 600) and $KAFKA_RUN_DIR/client.env, the GPUQUOTA_*
+# variables of a client (KEY=VALUE lines: `set -a; . "$KAFKA_RUN_DIR/client.env"; set +a`). The
+# controller listener stays PLAINTEXT on 127.0.0.1 (KRaft combined mode: only this JVM uses it).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -33,6 +43,9 @@ STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
 HEAP="${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}"
 GC="${KAFKA_GC_OPTS:--XX:+UseSerialGC}"
 JIT="${KAFKA_JIT_OPTS--XX:TieredStopAtLevel=1}"
+SASL="${KAFKA_SASL:-}"
+SASL_USER="${KAFKA_SASL_USER:-admin}"
+SASL_MECHANISM=SCRAM-SHA-512
 
 log() { echo "kafka.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -119,15 +132,23 @@ PY
 probe() {
   # Succeeds once a producer can write to a probe topic (auto-created) on $1.
   "$PYTHON" - "$1" "$2" <<'PY'
-import asyncio, logging, sys, time
+import asyncio, logging, os, sys, time
 from aiokafka import AIOKafkaProducer
 
 logging.basicConfig(level=logging.CRITICAL)  # "topic not found" warnings are expected here
 
 bootstrap, timeout = sys.argv[1], float(sys.argv[2])
+sasl = {}
+if os.environ.get("PROBE_SASL_USER"):  # the password comes through the environment, not argv
+    sasl = dict(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=os.environ["PROBE_SASL_MECHANISM"],
+        sasl_plain_username=os.environ["PROBE_SASL_USER"],
+        sasl_plain_password=os.environ["PROBE_SASL_PASSWORD"],
+    )
 
 async def once() -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000, **sasl)
     await producer.start()
     try:
         await producer.send_and_wait("__gpuquota_probe", b"ping")
@@ -171,6 +192,11 @@ start() {
   echo "$data" >"$RUN_DIR/datadir"
   sed -e "s#@DATA@#$data#g" -e "s#@PORT@#$port#g" -e "s#@CPORT@#$cport#g" \
     "$KCONF/server.properties.in" >"$RUN_DIR/server.properties"
+  local scram=()
+  if [ "$SASL" = scram ]; then
+    sasl_configure "$port" "$cport"
+    scram=(--add-scram "$SASL_MECHANISM=[name=$SASL_USER,password=$(cat "$RUN_DIR/sasl-password")]")
+  fi
 
   local logopts=(-Dlog4j2.configurationFile="$KCONF/log4j2.properties" -Dkafka.logs.dir="$RUN_DIR/logs")
   t0="$(now)"
@@ -180,7 +206,7 @@ start() {
 while (c := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"): pass
 print(c)')"
   if ! java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 "${logopts[@]}" -cp "$libs/*" \
-      kafka.tools.StorageTool format --cluster-id="$cid" -c "$RUN_DIR/server.properties" \
+      kafka.tools.StorageTool format --cluster-id="$cid" -c "$RUN_DIR/server.properties" "${scram[@]}" \
       >"$RUN_DIR/logs/format.out" 2>&1; then
     cat "$RUN_DIR/logs/format.out" >&2
     rm -rf "$data"
@@ -206,7 +232,42 @@ print(c)')"
     die "SLF4J provider problem (see above)"
   fi
   echo "127.0.0.1:$port" >"$RUN_DIR/bootstrap"
-  echo "kafka ready on 127.0.0.1:$port in $(elapsed "$t0")s (pid $pid, controller $cport, logs $RUN_DIR/logs)"
+  local mode=""
+  [ "$SASL" = scram ] && mode=", SASL_PLAINTEXT $SASL_MECHANISM user $SASL_USER: client settings in $RUN_DIR/client.env"
+  echo "kafka ready on 127.0.0.1:$port in $(elapsed "$t0")s (pid $pid, controller $cport, logs $RUN_DIR/logs$mode)"
+}
+
+# SASL/SCRAM mode: the client listener and the broker's own connections to it (inter-broker) take
+# SCRAM-SHA-512; the user exists from the start because format writes its credentials (KRaft has no
+# ZooKeeper to add them to before the broker runs). Writes the password and the client's variables.
+sasl_configure() {
+  local port="$1" cport="$2" password="${KAFKA_SASL_PASSWORD:-}"
+  [ "$SASL" = scram ] || die "KAFKA_SASL must be scram or empty, not '$SASL'"
+  [[ "$SASL_USER" =~ ^[A-Za-z0-9._-]+$ ]] || die "KAFKA_SASL_USER: letters, digits and ._- only"
+  if [ -z "$password" ]; then
+    password="$(python3 -c 'import secrets; print(secrets.token_urlsafe(18))')"
+  fi
+  # the password is written into the JAAS line and the --add-scram list: nothing to quote there
+  [[ "$password" =~ ^[A-Za-z0-9._~+-]+$ ]] || die "KAFKA_SASL_PASSWORD: letters, digits and ._~+- only"
+  (umask 077 && printf '%s\n' "$password" >"$RUN_DIR/sasl-password")
+  chmod 600 "$RUN_DIR/server.properties" # it holds the password too (the broker's JAAS login)
+  cat >>"$RUN_DIR/server.properties" <<EOF_SASL
+# SASL/SCRAM mode (kafka.sh KAFKA_SASL=scram): these override the plaintext listener above
+listeners=SASL_PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$port
+inter.broker.listener.name=SASL_PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=$SASL_MECHANISM
+sasl.mechanism.inter.broker.protocol=$SASL_MECHANISM
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$SASL_USER" password="$password";
+EOF_SASL
+  cat >"$RUN_DIR/client.env" <<EOF_ENV
+GPUQUOTA_KAFKA=127.0.0.1:$port
+GPUQUOTA_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT
+GPUQUOTA_KAFKA_SASL_MECHANISM=$SASL_MECHANISM
+GPUQUOTA_KAFKA_SASL_USERNAME=$SASL_USER
+GPUQUOTA_KAFKA_SASL_PASSWORD_FILE=$RUN_DIR/sasl-password
+EOF_ENV
 }
 
 probe_until_ready() {
@@ -219,7 +280,12 @@ probe_until_ready() {
     sleep 0.2
   done
   proc_running "$pid" || return 1
-  probe "$bootstrap" "$((deadline - $(date +%s)))"
+  if [ "$SASL" = scram ]; then
+    PROBE_SASL_USER="$SASL_USER" PROBE_SASL_MECHANISM="$SASL_MECHANISM" \
+      PROBE_SASL_PASSWORD="$(cat "$RUN_DIR/sasl-password")" probe "$bootstrap" "$((deadline - $(date +%s)))"
+  else
+    probe "$bootstrap" "$((deadline - $(date +%s)))"
+  fi
 }
 
 stop() {
@@ -241,7 +307,7 @@ stop() {
     data="$(cat "$RUN_DIR/datadir")"
     case "$data" in */gpuquota-kafka.*) rm -rf "$data" ;; esac
   fi
-  rm -f "$RUN_DIR/kafka.pid" "$RUN_DIR/bootstrap" "$RUN_DIR/datadir"
+  rm -f "$RUN_DIR/kafka.pid" "$RUN_DIR/bootstrap" "$RUN_DIR/datadir" "$RUN_DIR/sasl-password" "$RUN_DIR/client.env"
 }
 
 status() {
@@ -256,7 +322,10 @@ status() {
 }
 
 case "${1:-}" in
-  start) start ;;
+  start)
+    if [ "${2:-}" = --sasl ]; then SASL=scram; fi
+    start
+    ;;
   stop) stop ;;
   status) status ;;
   jars) resolve_jars ;;
