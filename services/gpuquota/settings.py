@@ -30,10 +30,15 @@ GPUQUOTA_DATABASE_URL          ``postgresql://user:pass@host:port/db[?sslmode=..
 GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)                    gateway
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
 GPUQUOTA_AUTH_KEYS             YAML/JSON file of SigV4 keys; unset: no authentication   gateway
+GPUQUOTA_ALLOW_UNAUTHENTICATED serve without credentials off loopback (default false)  gateway, node-agent
 GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643``;      gateway
                                unset: ``gpuquota jobs logs`` is unavailable
 GPUQUOTA_LOGS_PORT             serve this node's attempt logs over HTTP on this port    node-agent
                                (0 or unset: no log server)
+GPUQUOTA_LOGS_HOST             bind address of the log server (default 0.0.0.0)         node-agent
+GPUQUOTA_NODE_TOKEN_FILE       file holding the token the gateway shows node agents'    gateway, node-agent
+                               log servers (required off loopback)
+GPUQUOTA_NODE_TOKEN            the node token itself (instead of the file)              gateway, node-agent
 GPUQUOTA_TOPIC_PREFIX          prefix of every Kafka topic and group id (default none)  all
 GPUQUOTA_POOL                  GPU pool: the gateway's and node's pool; the scheduler's  all
                                pool for keyless input records (default ``default``)
@@ -62,7 +67,7 @@ GPUQUOTA_ADVERTISE_ADDRESS     how other nodes reach this one (attempts spread o
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
@@ -84,7 +89,7 @@ _HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 #: fields whose values never appear in error messages (may contain passwords)
-_SECRET_FIELDS = frozenset({"database_url", "kafka_sasl_password"})
+_SECRET_FIELDS = frozenset({"database_url", "kafka_sasl_password", "node_token"})
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Name = Annotated[str, Field(pattern=_NAME.pattern)]
@@ -148,6 +153,14 @@ class SettingsError(ValueError):
 def env_var(field_name: str) -> str:
     """The environment variable that holds a settings field."""
     return ENV_PREFIX + field_name.upper()
+
+
+def forget_secrets(environ: MutableMapping[str, str]) -> None:
+    """Remove the variables of secret fields from ``environ`` (``os.environ``, once the settings are
+    read): the jobs a node agent starts, and the container engine, inherit the process's environment,
+    and must not learn the database's password or the node token from it."""
+    for name in _SECRET_FIELDS:
+        environ.pop(env_var(name), None)
 
 
 class NodeSpec(BaseModel):
@@ -313,7 +326,8 @@ class GatewaySettings(_DatabaseSettings):
     """``gpuquota gateway``: HTTP API in front of the scheduler.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
-    GPUQUOTA_AUTH_KEYS, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    GPUQUOTA_AUTH_KEYS, GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_NODE_TOKEN_FILE,
+    GPUQUOTA_NODE_TOKEN, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
     ``auth_keys``: the keys file of ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no
     authentication. ``node_logs_url``: where node agents serve attempt logs (``gpuquota jobs logs``).
     """
@@ -322,7 +336,12 @@ class GatewaySettings(_DatabaseSettings):
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     pool: Name = "default"
     auth_keys: Path | None = None
+    allow_unauthenticated: bool = False
+    """Serve the API off loopback without ``auth_keys`` (``gpuquota.exposure``: refused otherwise)."""
     node_logs_url: str = ""
+    node_token: str = ""
+    """What the gateway shows the node agents' log servers (``gpuquota.exposure``); or ``node_token_file``."""
+    node_token_file: Path | None = None
 
 
 class SchedulerSettings(_DatabaseSettings):
@@ -366,7 +385,8 @@ class NodeAgentSettings(_Settings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
     GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS,
-    GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL,
+    GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_LOGS_HOST, GPUQUOTA_NODE_TOKEN_FILE, GPUQUOTA_NODE_TOKEN,
+    GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL,
     GPUQUOTA_ADVERTISE_ADDRESS. ``runtime`` ``subprocess`` means
     ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
     work directory.
@@ -383,6 +403,12 @@ class NodeAgentSettings(_Settings):
     data_dir: Path = Path(".gpuquota")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     logs_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    logs_host: Annotated[str, Field(min_length=1, max_length=256)] = "0.0.0.0"
+    node_token: str = ""
+    """The token the log server requires (``gpuquota.exposure``); or ``node_token_file``."""
+    node_token_file: Path | None = None
+    allow_unauthenticated: bool = False
+    """Serve the log server off loopback without a node token (refused otherwise)."""
     advertise_address: Annotated[str, Field(max_length=256)] = ""
     """How the other nodes reach this one (attempts spread over nodes); empty: the host name."""
 

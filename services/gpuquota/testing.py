@@ -297,7 +297,7 @@ def _container(options: StackOptions) -> Iterator[GpuquotaStack]:
     from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
     command = [
-        "gpuquota", "up", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
+        "gpuquota", "up", "--host", "0.0.0.0", "--allow-unauthenticated", "--port", str(CONTAINER_PORT),
         "--nodes", options.nodes, "--runtime", options.runtime, "--data-dir", "/tmp/gpuquota",
     ]  # fmt: skip
     ready = LogMessageWaitStrategy("gpuquota ready on").with_startup_timeout(int(options.start_timeout))

@@ -1,12 +1,14 @@
 """``gpuquota jobs submit / logs / nodes`` against the distributed mode: ``gpuquota gateway``,
 ``gpuquota scheduler`` and ``gpuquota node-agent --logs-port`` as separate processes; the gateway reads
-the attempt's log from the node agent's log server (``GPUQUOTA_NODE_LOGS_URL``)."""
+the attempt's log from the node agent's log server (``GPUQUOTA_NODE_LOGS_URL``), showing it the node
+token (``GPUQUOTA_NODE_TOKEN_FILE``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import boto3
 import pytest
@@ -30,12 +32,16 @@ async def gpuquota(*argv: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_submit_follow_logs_and_drain_across_processes(services: Services) -> None:
+async def test_submit_follow_logs_and_drain_across_processes(services: Services, tmp_path: Path) -> None:
     port, logs_port = free_port(), free_port()
+    token = tmp_path / "node-token"  # the log server listens on 0.0.0.0: the gateway shows the token
+    token.write_text("a-node-token-of-this-test\n")
+    logs_url = f"http://{{node_id}}:{logs_port}"
+    agent_env = {"GPUQUOTA_RUNTIME": "process", "GPUQUOTA_NODE_TOKEN_FILE": str(token)}
     running = [
         services.scheduler(),
-        services.gateway(port, GPUQUOTA_NODE_LOGS_URL=f"http://{{node_id}}:{logs_port}"),
-        services.node_agent(NODE, args=["--logs-port", str(logs_port)], env={"GPUQUOTA_RUNTIME": "process"}),
+        services.gateway(port, GPUQUOTA_NODE_LOGS_URL=logs_url, GPUQUOTA_NODE_TOKEN_FILE=str(token)),
+        services.node_agent(NODE, args=["--logs-port", str(logs_port)], env=agent_env),
     ]
     endpoint = ("--endpoint", f"http://127.0.0.1:{port}")
     await asyncio.gather(*(service.start() for service in running))

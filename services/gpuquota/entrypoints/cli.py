@@ -46,7 +46,7 @@ def _not_implemented(args: argparse.Namespace) -> int:
 def _gateway(args: argparse.Namespace) -> int:
     from gpuquota.entrypoints.distributed import run_gateway
 
-    return run_gateway(auth_keys=args.auth_keys)
+    return run_gateway(auth_keys=args.auth_keys, allow_unauthenticated=args.allow_unauthenticated)
 
 
 def _gateway_arguments(parser: argparse.ArgumentParser) -> None:

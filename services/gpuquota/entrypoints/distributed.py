@@ -172,11 +172,15 @@ class NodeAgentService:
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
         logs_port: int | None = None,
+        logs_host: str = "127.0.0.1",
+        logs_token: str | None = None,
         address: str = "",
         kafka_security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool, security=kafka_security)
-        self.log_server = None if logs_port is None else LogServer(work_dir, port=logs_port)
+        self.log_server = (
+            None if logs_port is None else LogServer(work_dir, logs_host, logs_port, token=logs_token)
+        )
         self.agent = NodeAgent(
             node_id,
             pool,
@@ -353,17 +357,23 @@ def _settings(command: str, kind: type[_S], environ: dict[str, str] | None) -> _
     return settings
 
 
-def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = None) -> int:
-    """``gpuquota gateway``: ``auth_keys`` (``--auth-keys``) overrides ``GPUQUOTA_AUTH_KEYS``."""
-    from gpuquota.gateway.auth import KeyConfigError, load_auth
+def run_gateway(
+    environ: dict[str, str] | None = None, auth_keys: str | None = None, allow_unauthenticated: bool = False
+) -> int:
+    """``gpuquota gateway``: ``auth_keys`` (``--auth-keys``) overrides ``GPUQUOTA_AUTH_KEYS``;
+    ``allow_unauthenticated`` (``--allow-unauthenticated``) or its variable lifts the loopback rule."""
+    from gpuquota.exposure import read_token
+    from gpuquota.gateway.auth import load_auth
 
     settings = _settings("gpuquota gateway", GatewaySettings, environ)
     if settings is None:
         return 2
     path = auth_keys or (None if settings.auth_keys is None else str(settings.auth_keys))
-    try:
-        auth = load_auth(path, settings.host, "gpuquota gateway")
-    except KeyConfigError as exc:
+    allow = allow_unauthenticated or settings.allow_unauthenticated
+    try:  # before connecting to anything: a refused configuration never reaches the dependencies
+        auth = load_auth(path, settings.host, "gpuquota gateway", allow)
+        node_token = read_token(settings.node_token, settings.node_token_file)
+    except ValueError as exc:  # KeyConfigError, Exposed, TokenError
         print(f"gpuquota gateway: {exc}", file=sys.stderr)
         return 2
 
@@ -379,7 +389,7 @@ def run_gateway(environ: dict[str, str] | None = None, auth_keys: str | None = N
             host=settings.host,
             port=settings.port,
             auth=auth,
-            node_logs=HttpLogs(settings.node_logs_url) if settings.node_logs_url else None,
+            node_logs=HttpLogs(settings.node_logs_url, node_token) if settings.node_logs_url else None,
             kafka_security=settings.kafka_security,
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")

@@ -24,8 +24,9 @@ from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
+from gpuquota.exposure import allowed_by_env
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
-from gpuquota.gateway.auth import AUTH_KEYS_ENV, KeyConfigError, Keyring, add_auth_keys, load_auth
+from gpuquota.gateway.auth import AUTH_KEYS_ENV, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
@@ -38,7 +39,7 @@ from gpuquota.observe.startup import run_loop, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
-from gpuquota.settings import KafkaClientSettings, KafkaSecurity, SettingsError
+from gpuquota.settings import KafkaClientSettings, KafkaSecurity, SettingsError, forget_secrets
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
@@ -234,13 +235,15 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 2
     try:
-        auth = load_auth(args.auth_keys or os.environ.get(AUTH_KEYS_ENV), args.host, "gpuquota up")
-    except KeyConfigError as exc:
+        allow = args.allow_unauthenticated or allowed_by_env(os.environ)
+        auth = load_auth(args.auth_keys or os.environ.get(AUTH_KEYS_ENV), args.host, "gpuquota up", allow)
+    except ValueError as exc:  # KeyConfigError, Exposed: before anything starts
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 2
+    kafka = args.kafka or os.environ.get("GPUQUOTA_KAFKA")
+    database_url = args.database_url or os.environ.get("GPUQUOTA_DATABASE_URL")
+    forget_secrets(os.environ)  # read: the jobs of the local agents do not inherit them
     if any(distributed):
-        kafka = args.kafka or os.environ.get("GPUQUOTA_KAFKA")
-        database_url = args.database_url or os.environ.get("GPUQUOTA_DATABASE_URL")
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2

@@ -35,6 +35,8 @@ _HELP = {
     "--heartbeat-seconds": "heartbeat period (GPUQUOTA_HEARTBEAT_SECONDS, default 5)",
     "--preemption-grace": "seconds from SIGTERM to SIGKILL (GPUQUOTA_PREEMPTION_GRACE, default 30)",
     "--logs-port": "serve attempt logs to the gateway on this port (GPUQUOTA_LOGS_PORT, 0: off)",
+    "--logs-host": "bind address of the log server (GPUQUOTA_LOGS_HOST, default 0.0.0.0)",
+    "--node-token-file": "the token the gateway must show the log server (GPUQUOTA_NODE_TOKEN_FILE)",
     "--log-level": "DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)",
     "--metrics-port": "serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)",
     "--advertise-address": "how other nodes reach this one (GPUQUOTA_ADVERTISE_ADDRESS, default: host name)",
@@ -42,11 +44,18 @@ _HELP = {
 #: flag dest -> settings field
 _FLAGS = {dest: dest for dest in (flag[2:].replace("-", "_") for flag in _HELP)}
 _FLAGS["work_dir"] = "data_dir"
+_FLAGS["allow_unauthenticated"] = "allow_unauthenticated"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     for flag, text in _HELP.items():
         parser.add_argument(flag, help=text)
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,  # unset: GPUQUOTA_ALLOW_UNAUTHENTICATED decides
+        help="serve the log server off loopback without a node token (GPUQUOTA_ALLOW_UNAUTHENTICATED=1)",
+    )
     parser.add_argument(
         "--check", action="store_true", help="validate the configuration, print the node as JSON, exit"
     )
@@ -64,9 +73,10 @@ def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> di
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    from gpuquota.exposure import TokenError, read_token
     from gpuquota.node_agent.slots import SlotSpecError, discover_slots
     from gpuquota.observe.startup import warn_unknown_variables
-    from gpuquota.settings import NodeAgentSettings, SettingsError
+    from gpuquota.settings import NodeAgentSettings, SettingsError, forget_secrets
 
     prog = "gpuquota node-agent"
     env = os.environ if environ is None else environ
@@ -74,10 +84,18 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     try:
         settings = NodeAgentSettings.from_env(settings_environ(args, env))
         slots = discover_slots(configured=settings.slot_spec)
-    except (SettingsError, SlotSpecError) as exc:
+        token = read_token(settings.node_token, settings.node_token_file)
+    except (SettingsError, SlotSpecError, TokenError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    if environ is None:
+        forget_secrets(os.environ)  # read: the jobs this agent starts do not inherit them
     if getattr(args, "check", False):
+        try:
+            _check_log_server(settings, token)
+        except ValueError as exc:  # Exposed
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
         node = {
             "node_id": settings.node_id,
             "pool": settings.pool,
@@ -91,10 +109,21 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         }
         print(json.dumps(node, indent=2))
         return 0
-    return _serve(settings, slots)
+    return _serve(settings, slots, token)
 
 
-def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
+def _check_log_server(settings: NodeAgentSettings, token: str | None) -> None:
+    """The loopback rule for the log server (``gpuquota.exposure``): raises ``Exposed``."""
+    from gpuquota.exposure import TOKEN_FILE_ENV, check_exposure
+
+    if settings.logs_port:
+        give = f"--node-token-file FILE or {TOKEN_FILE_ENV}=FILE (the gateway's too)"
+        check_exposure(
+            "attempt logs", settings.logs_host, token is not None, settings.allow_unauthenticated, give
+        )
+
+
+def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str | None) -> int:
     """Run the agent over Kafka until SIGTERM/SIGINT."""
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import NodeAgentService, configure_logging, serve
@@ -107,8 +136,9 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
     bind(node_id=settings.node_id)
     prog = "gpuquota node-agent"
     try:
+        _check_log_server(settings, token)  # logged after configure_logging: the override's warning
         runtime = make_runtime(settings.runtime_kind, settings.container_engine)
-    except ValueError as exc:
+    except ValueError as exc:  # Exposed, or no container engine
         print(f"gpuquota node-agent: {exc}", file=sys.stderr)
         return 2
 
@@ -125,6 +155,8 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...]) -> int:
             heartbeat_seconds=settings.heartbeat_seconds,
             preemption_grace=settings.preemption_grace,
             logs_port=settings.logs_port or None,
+            logs_host=settings.logs_host,
+            logs_token=token,
             address=settings.advertise_address or socket.gethostname(),
             kafka_security=settings.kafka_security,
         )

@@ -47,6 +47,7 @@ from urllib.parse import quote, unquote
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpuquota.exposure import ALLOW_ENV, ALLOW_FLAG, check_exposure
 from gpuquota.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -181,15 +182,26 @@ class Keyring:
         try:
             data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as exc:
-            raise KeyConfigError(f"auth keys file {path} is not valid YAML/JSON: {exc}") from None
+            raise KeyConfigError(f"auth keys file {path} is not valid YAML/JSON: {_where(exc)}") from None
         try:
             return cls.from_data(data)
         except KeyConfigError as exc:
             raise KeyConfigError(f"auth keys file {path}: {exc}") from None
 
 
+def _where(exc: ValueError | yaml.YAMLError) -> str:
+    """What is wrong with the file and where, without quoting it: PyYAML's message shows the line, and
+    that line may hold a secret key."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return type(exc).__name__
+
+
 def add_auth_keys(parser: argparse.ArgumentParser) -> None:
-    """The ``--auth-keys FILE`` flag of ``gpuquota up`` and ``gpuquota gateway``."""
+    """The ``--auth-keys FILE`` and ``--allow-unauthenticated`` flags of ``gpuquota up`` and ``gateway``."""
     parser.add_argument(
         "--auth-keys",
         metavar="FILE",
@@ -197,16 +209,25 @@ def add_auth_keys(parser: argparse.ArgumentParser) -> None:
         help=f"require AWS SigV4 signatures made with the keys of this YAML/JSON file ({AUTH_KEYS_ENV}; "
         "default: no authentication)",
     )
+    parser.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help=f"serve without --auth-keys on an address other than loopback ({ALLOW_ENV}=1; default: "
+        "refuse to start)",
+    )
 
 
-def load_auth(path: str | None, host: str, command: str) -> Keyring | None:
+def load_auth(
+    path: str | None, host: str, command: str, allow_unauthenticated: bool = False
+) -> Keyring | None:
     """The keyring of the keys file ``path``; ``None`` (no file): authentication is off.
 
-    Raises ``KeyConfigError``. Warns when the API listens beyond the loopback interface without keys.
+    Raises ``KeyConfigError``, and ``Exposed`` when the API would listen beyond the loopback interface
+    without keys and without ``allow_unauthenticated`` (``gpuquota.exposure``: the loopback rule).
     """
     if not path:
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("%s: listening on %s without authentication (see --auth-keys)", command, host)
+        give = f"--auth-keys FILE or {AUTH_KEYS_ENV}=FILE (docs/authentication.md)"
+        check_exposure("the API", host, False, allow_unauthenticated, give)
         return None
     keyring = Keyring.load(path)
     log.info("%s: SigV4 authentication on, %d keys from %s", command, len(keyring), path)

@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from gpuquota.adapters.attempt_logs import MAX_CHUNK, log_path, read_log
+from gpuquota.exposure import TOKEN_FILE_ENV, bearer
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.app import Gateway
 from gpuquota.gateway.edge import json_response as _json
@@ -51,10 +52,12 @@ class LocalLogs:
 
 
 class HttpLogs:
-    """Logs served by each node agent's log server; ``url`` names it, e.g. ``http://{node_id}:8643``."""
+    """Logs served by each node agent's log server; ``url`` names it, e.g. ``http://{node_id}:8643``;
+    ``token``, the node token (``gpuquota.exposure``), is sent as a bearer token."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
+        self.headers = {} if token is None else bearer(token)
 
     async def read(self, node_id: str, attempt_id: str, offset: int, limit: int) -> bytes | None:
         base = self.url.format(node_id=node_id).rstrip("/")
@@ -62,11 +65,17 @@ class HttpLogs:
         timeout = aiohttp.ClientTimeout(total=NODE_LOGS_TIMEOUT)
         try:
             async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
+                aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session,
                 session.get(url, params={"offset": str(offset), "limit": str(limit)}) as response,
             ):
                 if response.status == 404:
                     return None
+                if response.status in (401, 403):
+                    raise ClientException(
+                        f"node {node_id} at {base} refused the gateway's node token "
+                        f"({'none given' if not self.headers else 'not the one it holds'}): "
+                        f"set the same {TOKEN_FILE_ENV} on both"
+                    )
                 response.raise_for_status()
                 return await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
