@@ -31,6 +31,10 @@ GPUQUOTA_HOST                  HTTP bind address (default 127.0.0.1)            
 GPUQUOTA_PORT                  HTTP port (default 8080)                                 gateway
 GPUQUOTA_AUTH_KEYS             YAML/JSON file of SigV4 keys; unset: no authentication   gateway
 GPUQUOTA_ALLOW_UNAUTHENTICATED serve without credentials off loopback (default false)  gateway, node-agent
+GPUQUOTA_ALLOWED_HOSTS         names the API answers to besides its bind address and    gateway
+                               localhost: ``gw.example,.example.com`` (a domain), ``*``
+GPUQUOTA_ALLOWED_ORIGINS       web origins whose pages may call the API (a proxy's),    gateway
+                               ``https://gw.example`` (default: only its own)
 GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643``;      gateway
                                unset: ``gpuquota jobs logs`` is unavailable
 GPUQUOTA_LOGS_PORT             serve this node's attempt logs over HTTP on this port    node-agent
@@ -89,7 +93,7 @@ _HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 #: fields whose values never appear in error messages (may contain passwords)
-_SECRET_FIELDS = frozenset({"database_url", "kafka_sasl_password", "node_token"})
+_SECRET_FIELDS = frozenset({"database_url", "node_token", "kafka_sasl_password"})
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Name = Annotated[str, Field(pattern=_NAME.pattern)]
@@ -327,9 +331,12 @@ class GatewaySettings(_DatabaseSettings):
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
     GPUQUOTA_AUTH_KEYS, GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_NODE_TOKEN_FILE,
-    GPUQUOTA_NODE_TOKEN, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL.
+    GPUQUOTA_NODE_TOKEN, GPUQUOTA_ALLOWED_HOSTS, GPUQUOTA_ALLOWED_ORIGINS, GPUQUOTA_TOPIC_PREFIX,
+    GPUQUOTA_LOG_LEVEL.
     ``auth_keys``: the keys file of ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no
     authentication. ``node_logs_url``: where node agents serve attempt logs (``gpuquota jobs logs``).
+    ``allowed_hosts`` and ``allowed_origins``: comma-separated, checked by
+    ``gpuquota.gateway.browser_guard.BrowserPolicy.parse`` when the gateway starts.
     """
 
     host: str = "127.0.0.1"
@@ -342,6 +349,8 @@ class GatewaySettings(_DatabaseSettings):
     node_token: str = ""
     """What the gateway shows the node agents' log servers (``gpuquota.exposure``); or ``node_token_file``."""
     node_token_file: Path | None = None
+    allowed_hosts: str = ""
+    allowed_origins: str = ""
 
 
 class SchedulerSettings(_DatabaseSettings):

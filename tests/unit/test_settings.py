@@ -42,6 +42,8 @@ def test_env_var_lists() -> None:
         "GPUQUOTA_NODE_LOGS_URL",
         "GPUQUOTA_NODE_TOKEN",
         "GPUQUOTA_NODE_TOKEN_FILE",
+        "GPUQUOTA_ALLOWED_HOSTS",
+        "GPUQUOTA_ALLOWED_ORIGINS",
         "GPUQUOTA_TOPIC_PREFIX",
         "GPUQUOTA_LOG_FORMAT",
         "GPUQUOTA_STARTUP_TIMEOUT",

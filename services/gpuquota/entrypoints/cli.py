@@ -46,13 +46,20 @@ def _not_implemented(args: argparse.Namespace) -> int:
 def _gateway(args: argparse.Namespace) -> int:
     from gpuquota.entrypoints.distributed import run_gateway
 
-    return run_gateway(auth_keys=args.auth_keys, allow_unauthenticated=args.allow_unauthenticated)
+    return run_gateway(
+        auth_keys=args.auth_keys,
+        allow_unauthenticated=args.allow_unauthenticated,
+        allowed_hosts=args.allowed_hosts,
+        allowed_origins=args.allowed_origins,
+    )
 
 
 def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
     from gpuquota.gateway.auth import add_auth_keys
+    from gpuquota.gateway.browser_guard import add_browser_flags
 
     add_auth_keys(parser)
+    add_browser_flags(parser)
 
 
 def _scheduler(args: argparse.Namespace) -> int:

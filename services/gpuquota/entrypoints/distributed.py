@@ -32,6 +32,7 @@ from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.auth import Keyring
+from gpuquota.gateway.browser_guard import BrowserPolicy
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
 from gpuquota.gateway.node_routes import HttpLogs, LocalLogs, LogReader, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
@@ -67,10 +68,12 @@ class GatewayService:
         store: EventStore | None = None,
         auth: Keyring | None = None,
         node_logs: LogReader | None = None,
+        browser: BrowserPolicy | None = None,
         kafka_security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.kafka = kafka
         self.kafka_security = kafka_security
+        self.browser = browser
         self.database_url = database_url
         self.node_logs = node_logs
         """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
@@ -109,7 +112,7 @@ class GatewayService:
         await self.producer.start()
         port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
         front = self._front = GatewayFront(
-            self.host, self.port, lambda: projector.state, self.read_model, wall_clock_ms
+            self.host, self.port, lambda: projector.state, self.read_model, wall_clock_ms, self.browser
         )
         gateway = self.gateway = Gateway(
             self.read_model,
@@ -117,6 +120,7 @@ class GatewayService:
             pool=self.pool,
             explainer=front.explainer,
             auth=self.auth,
+            guard=front.guard,
         )
         self.registry = gateway_registry(gateway, lambda: projector.state)
         install(gateway, self.registry, self.probes(), lambda: projector.state)
@@ -230,6 +234,7 @@ class DistributedStack:
         preemption_grace: float = 30.0,
         snapshot_every: int = 1000,
         auth: Keyring | None = None,
+        browser: BrowserPolicy | None = None,
         kafka_security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.topics = topics or KafkaTopics()
@@ -256,6 +261,7 @@ class DistributedStack:
             port=port,
             auth=auth,
             node_logs=local,
+            browser=browser,
             kafka_security=kafka_security,
         )
         self.agents: list[NodeAgentService] = []
@@ -358,10 +364,16 @@ def _settings(command: str, kind: type[_S], environ: dict[str, str] | None) -> _
 
 
 def run_gateway(
-    environ: dict[str, str] | None = None, auth_keys: str | None = None, allow_unauthenticated: bool = False
+    environ: dict[str, str] | None = None,
+    auth_keys: str | None = None,
+    allow_unauthenticated: bool = False,
+    allowed_hosts: str | None = None,
+    allowed_origins: str | None = None,
 ) -> int:
     """``gpuquota gateway``: ``auth_keys`` (``--auth-keys``) overrides ``GPUQUOTA_AUTH_KEYS``;
-    ``allow_unauthenticated`` (``--allow-unauthenticated``) or its variable lifts the loopback rule."""
+    ``allow_unauthenticated`` (``--allow-unauthenticated``) or its variable lifts the loopback rule;
+    ``allowed_hosts`` and ``allowed_origins`` (``--allowed-hosts``, ``--allowed-origins``) override
+    ``GPUQUOTA_ALLOWED_HOSTS`` and ``GPUQUOTA_ALLOWED_ORIGINS``."""
     from gpuquota.exposure import read_token
     from gpuquota.gateway.auth import load_auth
 
@@ -373,6 +385,9 @@ def run_gateway(
     try:  # before connecting to anything: a refused configuration never reaches the dependencies
         auth = load_auth(path, settings.host, "gpuquota gateway", allow)
         node_token = read_token(settings.node_token, settings.node_token_file)
+        browser = BrowserPolicy.parse(
+            allowed_hosts or settings.allowed_hosts, allowed_origins or settings.allowed_origins
+        )
     except ValueError as exc:  # KeyConfigError, Exposed, TokenError
         print(f"gpuquota gateway: {exc}", file=sys.stderr)
         return 2
@@ -390,6 +405,7 @@ def run_gateway(
             port=settings.port,
             auth=auth,
             node_logs=HttpLogs(settings.node_logs_url, node_token) if settings.node_logs_url else None,
+            browser=browser,
             kafka_security=settings.kafka_security,
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")

@@ -27,6 +27,12 @@ from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.exposure import allowed_by_env
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, Keyring, add_auth_keys, load_auth
+from gpuquota.gateway.browser_guard import (
+    ALLOWED_HOSTS_ENV,
+    ALLOWED_ORIGINS_ENV,
+    BrowserPolicy,
+    add_browser_flags,
+)
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
@@ -87,6 +93,7 @@ class EmbeddedStack:
         preemption_grace: float = 30.0,
         arns: ArnFactory | None = None,
         auth: Keyring | None = None,
+        browser: BrowserPolicy | None = None,
     ) -> None:
         # absolute: the jobs' directories derive from it, and a job's working directory is elsewhere
         self.data_dir = None if data_dir is None else Path(data_dir).absolute()
@@ -101,6 +108,7 @@ class EmbeddedStack:
         self.preemption_grace = preemption_grace
         self.arns = arns or ArnFactory()
         self.auth = auth
+        self.browser = browser
         self.store: EventStore | None = None
         self.shell: SchedulerShell | None = None
         self.gateway: Gateway | None = None
@@ -130,7 +138,7 @@ class EmbeddedStack:
         shell.node_command_sink = self._route
         shell.on_step = timings.step.observe
         front = self._front = GatewayFront(
-            self.host, self.port, lambda: shell.state, shell.read_model, shell.clock
+            self.host, self.port, lambda: shell.state, shell.read_model, shell.clock, self.browser
         )
         gateway = self.gateway = Gateway(
             shell.read_model,
@@ -138,6 +146,7 @@ class EmbeddedStack:
             clock=shell.clock,
             explainer=front.explainer,
             auth=self.auth,
+            guard=front.guard,
         )
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
@@ -216,6 +225,7 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
     add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")
     add("--database-url", default=None, help="distributed mode: PostgreSQL URL (GPUQUOTA_DATABASE_URL)")
     add_auth_keys(parser)
+    add_browser_flags(parser)
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -237,6 +247,10 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         allow = args.allow_unauthenticated or allowed_by_env(os.environ)
         auth = load_auth(args.auth_keys or os.environ.get(AUTH_KEYS_ENV), args.host, "gpuquota up", allow)
+        browser = BrowserPolicy.parse(
+            args.allowed_hosts or os.environ.get(ALLOWED_HOSTS_ENV),
+            args.allowed_origins or os.environ.get(ALLOWED_ORIGINS_ENV),
+        )
     except ValueError as exc:  # KeyConfigError, Exposed: before anything starts
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 2
@@ -253,7 +267,7 @@ def run_up(args: argparse.Namespace) -> int:
         except (SettingsError, ValueError) as exc:
             print(f"gpuquota up: {exc}", file=sys.stderr)
             return 2
-        return _run_distributed(args, kafka, database_url, port, auth, security)
+        return _run_distributed(args, kafka, database_url, port, auth, browser, security)
     stack = EmbeddedStack(
         args.data_dir,
         args.host,
@@ -262,6 +276,7 @@ def run_up(args: argparse.Namespace) -> int:
         args.runtime,
         auth=auth,
         container_engine=args.container_engine,
+        browser=browser,
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -278,6 +293,7 @@ def _run_distributed(
     database_url: str,
     port: int,
     auth: Keyring | None,
+    browser: BrowserPolicy,
     security: KafkaSecurity,
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
@@ -298,6 +314,7 @@ def _run_distributed(
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
             auth=auth,
+            browser=browser,
             kafka_security=security,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
