@@ -61,6 +61,10 @@ class NodeTable:
                 event.draining,
                 event.address,
             )
+        elif isinstance(event, ev.NodeLossResumed):
+            for view in self.nodes.values():
+                if view.pool == event.pool and view.online:
+                    view.last_heartbeat = event.occurred_at  # every timer of the pool restarts
         elif isinstance(event, ev.NodeHeartbeatRecorded | ev.NodeDraining | ev.NodeUndrained | ev.NodeLost):
             node = self.nodes.get(event.node_id)
             if node is None:

@@ -1,9 +1,10 @@
 """A node declared lost while its agent is alive comes back by itself (real processes, both modes).
 
 The link from the node agent to the scheduler is cut for longer than the heartbeat timeout (a network
-partition, a long pause): the scheduler declares the node lost and requeues its attempt (S5.7), while
-the attempt's process keeps running on the node. When the link heals, the agent's next heartbeat is
-rejected (``InputRejected`` naming the node) and the scheduler answers ``RegisterAgain``: the agent
+partition, a long pause) while the pool's other node reports: the scheduler declares the node lost and
+requeues its attempt (S5.7), while the attempt's process keeps running on the node. When the link
+heals, the agent's next heartbeat is rejected (``InputRejected`` naming the node) and the scheduler
+answers ``RegisterAgain``: the agent
 registers again and re-reports the attempt it still runs, the scheduler fences it (``AttemptFenced`` ->
 ``StopAttempt``: SIGTERM), runs the requeued job again on the node, and new jobs run there too.
 
@@ -39,6 +40,9 @@ from tests.gateway.helpers import create_queue, create_share, status, submit
 HEARTBEAT_SECONDS = 0.5
 TIMEOUT_SECONDS = 6 * HEARTBEAT_SECONDS
 SLOTS = f"{G5}=2"
+QUIET = "ml.c5.xlarge=1"
+"""A second node of the pool that keeps heartbeating (no job asks for its unit): with every node of a
+pool silent at once, the scheduler would blame its own link and suspend node loss (full disruption)."""
 
 
 class Partition:
@@ -78,7 +82,7 @@ async def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIte
         stack = EmbeddedStack(
             tmp_path / "stack",
             port=0,
-            nodes=SLOTS,
+            nodes=f"{SLOTS},{QUIET}",
             runtime="process",
             tick_seconds=0.1,
             heartbeat_seconds=HEARTBEAT_SECONDS,
@@ -88,7 +92,7 @@ async def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIte
         await stack.start()
         shell, store = stack.shell, stack.store
         assert shell is not None and store is not None
-        ((node_id, agent),) = stack.agents.items()
+        node_id, agent = next(iter(stack.agents.items()))  # the first node: the one with g5 slots
         return Stack(stack.url, node_id, agent, lambda: shell.state, lambda: log_events(store, "default"))
 
     async def distributed() -> Stack:
@@ -97,12 +101,13 @@ async def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIte
         run = uuid.uuid4().hex[:10]
         topics, pool = KafkaTopics(f"e2e-{run}."), f"p-{run}"
         await ensure_topics(kafka, topics, partitions=2)
-        ((_, slots),) = node_slots(SLOTS)
+        (_, slots), (_, quiet) = node_slots(f"{SLOTS},{QUIET}")
         stack = DistributedStack(
             kafka,
             database_url,
             port=0,
-            nodes=[(f"node-{run}", slots)],  # unique: the agent commits offsets to a group named after it
+            # unique: the agent commits offsets to a group named after it
+            nodes=[(f"node-{run}", slots), (f"quiet-{run}", quiet)],
             runtime=ProcessRuntime(),
             data_dir=tmp_path / "stack",
             topics=topics,
@@ -115,7 +120,7 @@ async def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIte
         gateway = stack.gateway
         assert gateway.projector is not None and gateway.store is not None
         projector, store = gateway.projector, gateway.store
-        (service,) = stack.agents
+        service = stack.agents[0]
         return Stack(
             stack.url, f"node-{run}", service.agent, lambda: projector.state, lambda: log_events(store, pool)
         )

@@ -4,7 +4,16 @@ The machine keeps a model of the real world next to the core: per node, whether 
 the attempts it knows (running ones, and finished ones whose final report the scheduler has not
 acknowledged yet). Its rules deliver ``RunAttempt`` commands (lost while the agent is down), let
 attempts start and finish with their reports delivered or swallowed by a crash, crash agents (their
-processes survive or die), restart them (with the same or fewer slots), heartbeat and let time pass.
+processes survive or die; the attempts they had not recorded yet are forgotten; their undelivered
+commands are delivered again after the restart, as the command feed resumes at its last committed
+offset), restart them (with the same or fewer slots), heartbeat and let time pass.
+
+Incarnations: each registration draws a new one and a ``RunAttempt`` carries its node's incarnation
+at dispatch; the agent drops one addressed to another. Whenever an agent accepts a ``RunAttempt``,
+the log assigns that one-node attempt to that node (a command a restarted agent received again, whose
+attempt the registration requeued, never starts: its job may run elsewhere by then). A part of an
+attempt spread over nodes may arrive after another node's registration requeued the attempt: the
+``StopAttempt`` that requeue sends follows it on the node's ordered feed.
 
 After every step, S7.1 holds: every slot is used at most once and the free lists and pool counters
 agree with the placements. At teardown, once every agent is up again, has registered and heartbeated
@@ -43,8 +52,11 @@ OVER = ("SUCCEEDED", "FAILED", "STOPPED")
 class Agent:
     up: bool = True
     attempts: dict[str, NodeAttempt] = field(default_factory=dict)
-    inbox: list[tuple[str, str]] = field(default_factory=list)
-    """(job id, attempt id) of the RunAttempt commands not yet delivered."""
+    inbox: list[tuple[str, str, str]] = field(default_factory=list)
+    """(job id, attempt id, incarnation) of the RunAttempt commands not yet delivered."""
+    incarnation: str = ""
+    sent_to: dict[str, str] = field(default_factory=dict)
+    """Attempt id -> the incarnation its RunAttempt was addressed to."""
 
     def known(self) -> tuple[NodeAttempt, ...]:
         return tuple(self.attempts[a] for a in sorted(self.attempts))
@@ -59,14 +71,21 @@ class World(Harness):
         super().__init__(heartbeat_timeout_ms=30_000)
         self.agents = {n: Agent() for n in NODES}
         self.dispatched: Counter[str] = Counter()
+        self.spread: set[str] = set()
+        """Attempts dispatched to more than one node."""
         self.exited_zero: dict[str, str] = {}
         """Job id -> node of an attempt the log assigned when it exited 0."""
 
     def after_event(self, event: ev.SchedulerEvent) -> None:
         if isinstance(event, ev.JobDispatched):
             self.dispatched[event.attempt_id] += 1
+            if len(event.placements) > 1:
+                self.spread.add(event.attempt_id)
             for placement in event.placements:
-                self.agents[placement.node_id].inbox.append((event.job_id, event.attempt_id))
+                incarnation = self.state.nodes[placement.node_id].incarnation
+                agent = self.agents[placement.node_id]
+                agent.inbox.append((event.job_id, event.attempt_id, incarnation))
+                agent.sent_to[event.attempt_id] = incarnation
         elif isinstance(event, ev.NodeLost):
             # S5.7: a lost node's attempts are requeued; an exit its agent had not reported yet is void
             succeeded = {e.job_id for e in self.events if isinstance(e, ev.JobSucceeded)}
@@ -91,7 +110,7 @@ class ReconcileMachine(RuleBasedStateMachine):
         w.policy().environment_limits("se", {G5: 2 * SLOTS}).queue()
         w.share(share("qs").limit(2 * SLOTS).lend_and_borrow())
         for node_id in NODES:
-            w.feed(inp.RegisterNode, node_id=node_id, slots=slot_list(SLOTS), attempts=())
+            self._register(node_id, SLOTS)
 
     # ----- helpers ---------------------------------------------------------------------------------
 
@@ -113,7 +132,14 @@ class ReconcileMachine(RuleBasedStateMachine):
     def _register(self, node_id: str, slots: int) -> None:
         agent = self.agents_of(node_id)
         agent.up = True
-        self.w.feed(inp.RegisterNode, node_id=node_id, slots=slot_list(slots), attempts=agent.known())
+        agent.incarnation = f"{node_id}-{self.w.serial}-{len(self.w.events)}"
+        self.w.feed(
+            inp.RegisterNode,
+            node_id=node_id,
+            slots=slot_list(slots),
+            attempts=agent.known(),
+            incarnation=agent.incarnation,
+        )
         self._acknowledged(agent)
 
     def _heartbeat(self, node_id: str) -> None:
@@ -147,7 +173,15 @@ class ReconcileMachine(RuleBasedStateMachine):
         inbox, agent.inbox = agent.inbox, []
         if not agent.up:
             return  # commands for an agent that is down are lost
-        for job_id, attempt_id in inbox:
+        for job_id, attempt_id, incarnation in inbox:
+            if incarnation != agent.incarnation:
+                continue  # dispatched before the agent's latest registration, which requeued it
+            record = self.w.state.jobs.get(job_id)
+            assert record is not None
+            if attempt_id not in self.w.spread:
+                assert (
+                    record.attempt_id == attempt_id and record.placements[0].node_id == node_id
+                ), f"{node_id} starts {attempt_id}, which the log does not assign to it"
             attempt = NodeAttempt(job_id=job_id, attempt_id=attempt_id, status="STARTING")
             agent.attempts[attempt_id] = attempt
             if not swallowed:
@@ -178,11 +212,14 @@ class ReconcileMachine(RuleBasedStateMachine):
             if status in OVER:
                 del agent.attempts[attempt.attempt_id]
 
-    @rule(node_id=st.sampled_from(NODES), processes_survive=st.booleans())
-    def crash(self, node_id: str, processes_survive: bool) -> None:
+    @rule(node_id=st.sampled_from(NODES), processes_survive=st.booleans(), recorded=st.booleans())
+    def crash(self, node_id: str, processes_survive: bool, recorded: bool = True) -> None:
         agent = self.agents_of(node_id)
         agent.up = False
-        agent.inbox = []
+        if not recorded:  # delivered, not on disk yet: forgotten, and its command is delivered again
+            for attempt in [a for a in agent.known() if a.status == "STARTING"]:
+                del agent.attempts[attempt.attempt_id]
+                agent.inbox.append((attempt.job_id, attempt.attempt_id, agent.sent_to[attempt.attempt_id]))
         if not processes_survive:  # no exit file either: the attempts are simply gone
             agent.attempts = {a: att for a, att in agent.attempts.items() if att.status in OVER}
 

@@ -312,6 +312,7 @@ class Context:
         slots: tuple[SlotOffer, ...],
         draining: bool = ...,
         address: str = ...,
+        incarnation: str = ...,
     ) -> ev.NodeRegistered: ...
 
     @overload
@@ -327,6 +328,16 @@ class Context:
 
     @overload
     def emit(self, event_type: type[ev.NodeLost], *, node_id: str, reason: str) -> ev.NodeLost: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.NodeLossSuspended], *, pool: str, reason: str
+    ) -> ev.NodeLossSuspended: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.NodeLossResumed], *, pool: str, node_id: str
+    ) -> ev.NodeLossResumed: ...
 
     def emit(self, event_type: type[E], **fields: Any) -> E:
         """Create the event (ids derive from the input's id: ``<input id>/<n>``), apply it, keep it."""

@@ -410,6 +410,7 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
             free[:] = [i for i in free if i not in used]
     node.draining = event.draining
     node.address = event.address
+    node.incarnation = event.incarnation
     state.dict_set(state.nodes, node.node_id, node)
     _contribute(state, node)
 
@@ -431,6 +432,20 @@ def _undrained(state: ClusterState, event: ev.NodeUndrained) -> None:
     node = state.nodes[event.node_id]
     node.put("draining", False)
     _contribute(state, node)
+
+
+@_handles(ev.NodeLossSuspended)
+def _loss_suspended(state: ClusterState, event: ev.NodeLossSuspended) -> None:
+    state.dict_set(state.loss_suspended, event.pool, event.occurred_at)
+
+
+@_handles(ev.NodeLossResumed)
+def _loss_resumed(state: ClusterState, event: ev.NodeLossResumed) -> None:
+    """Every online node of the pool starts a whole heartbeat timeout afresh."""
+    state.dict_pop(state.loss_suspended, event.pool)
+    for node in state.nodes.values():
+        if node.pool == event.pool and node.online:
+            node.put("last_heartbeat", event.occurred_at)
 
 
 @_handles(ev.NodeLost)

@@ -20,6 +20,24 @@ about what *runs*. The core reconciles the two:
    accepted with exactly the attempts that still fit.
 
 Inputs without ``attempts`` (older agents and logs) skip steps 1 to 3.
+
+Incarnations: each ``RegisterNode`` carries a fresh random ``incarnation``, recorded on the node, and
+every ``RunAttempt`` carries the incarnation of the registration it was dispatched to. The agent
+drops a ``RunAttempt`` addressed to an earlier registration than its own: step 3 of that newer
+registration has already requeued the attempt, since the agent did not list it. So an attempt the
+scheduler requeued because its node did not report it is known never to start there (a restarted
+agent whose command feed resumes at its last committed offset would otherwise run it as well).
+
+Full disruption (as Kubernetes' node controller): node loss means one node stopped reporting while its
+pool's other nodes still do. When *every* online node of a pool is silent at once, it is the path from
+the nodes to the scheduler that failed (the broker, the scheduler's own link), not the nodes: losing
+them would requeue every running attempt while their processes run on. ``expire_nodes`` then declares
+no node of the pool lost (``NodeLossSuspended``) until one of them is heard from again: the first tick
+after a heartbeat or registration made since the suspension began restarts every node's timer of the
+pool at the tick's time (``NodeLossResumed``), so each gets a whole timeout to report before it can be
+lost. Ticks carry the scheduler's clock, heartbeats the agents': a heartbeat made during the outage
+and delivered late would restart the timers in the past (and suspend the pool again at once), and one
+made before the suspension proves nothing about the link now.
 """
 
 from __future__ import annotations
@@ -55,7 +73,13 @@ def register(ctx: Context, m: inp.RegisterNode) -> bool:
     old = ctx.state.nodes.get(m.node_id)
     draining = old is not None and old.online and old.draining
     ctx.emit(
-        ev.NodeRegistered, node_id=m.node_id, pool=m.pool, slots=m.slots, draining=draining, address=m.address
+        ev.NodeRegistered,
+        node_id=m.node_id,
+        pool=m.pool,
+        slots=m.slots,
+        draining=draining,
+        address=m.address,
+        incarnation=m.incarnation,
     )
     return True
 
@@ -186,13 +210,53 @@ def lose_node(ctx: Context, node_id: str, reason: str) -> None:
     ctx.emit(ev.NodeLost, node_id=node_id, reason=reason)
 
 
+def loss_limit(state: ClusterState) -> int:
+    """How old a node's last recorded heartbeat may be before the node is lost.
+
+    Heartbeats are recorded at most every granularity (``heartbeat``), so the last *recorded* one can
+    be that much older than the last received one: allow that much more, never declaring a node lost
+    while a heartbeat arrived within the timeout (S5.7)."""
+    return state.heartbeat_timeout_ms + heartbeat_granularity(state)
+
+
+def silence_limit(state: ClusterState) -> int:
+    """How old a node's last recorded heartbeat is when the node counts as silent (full disruption).
+
+    A reporting node's recorded heartbeat is at most a granularity and one period old; when a whole
+    pool is cut off, the freshest node's is about a timeout less one period old by the time the first
+    node passes ``loss_limit``. Halfway between the two (5/8 of the timeout) tells them apart with the
+    widest margin on both sides (agents heartbeat every 1/6 of the timeout by default)."""
+    return (state.heartbeat_timeout_ms + heartbeat_granularity(state)) // 2
+
+
 def expire_nodes(ctx: Context, now: int) -> None:
-    """S5.7: a node whose last recorded heartbeat is too old is lost."""
+    """S5.7: a node whose last recorded heartbeat is too old is lost, unless its whole pool is silent."""
     state = ctx.state
-    # Heartbeats are recorded at most every timeout/4 (``heartbeat``), so the last *recorded* one can
-    # be up to timeout/4 older than the last received one: allow that much more, never declaring a node
-    # lost while a heartbeat arrived within the timeout (S5.7).
-    limit = state.heartbeat_timeout_ms + heartbeat_granularity(state)
+    for pool, since in sorted(state.loss_suspended.items()):
+        _resume_if_heard(ctx, pool, since)
+    limit = loss_limit(state)
     expired = sorted(n.node_id for n in state.nodes.values() if n.online and now - n.last_heartbeat > limit)
+    for pool in sorted({state.nodes[n].pool for n in expired} - state.loss_suspended.keys()):
+        if _pool_silent(state, pool, now):
+            reason = f"Every node of pool {pool} is silent: node loss suspended until one reports again"
+            ctx.emit(ev.NodeLossSuspended, pool=pool, reason=reason)
     for node_id in expired:
-        lose_node(ctx, node_id, f"Node {node_id} lost")
+        if state.nodes[node_id].pool not in state.loss_suspended:
+            lose_node(ctx, node_id, f"Node {node_id} lost")
+
+
+def _pool_silent(state: ClusterState, pool: str, now: int) -> bool:
+    """Full disruption: no online node of ``pool`` was heard from within ``silence_limit``."""
+    limit = silence_limit(state)
+    return all(now - n.last_heartbeat > limit for n in state.nodes.values() if n.online and n.pool == pool)
+
+
+def _resume_if_heard(ctx: Context, pool: str, since: int) -> None:
+    """A node of the suspended pool was heard from since ``since``: every timer of the pool restarts now."""
+    heard = sorted(
+        n.node_id
+        for n in ctx.state.nodes.values()
+        if n.online and n.pool == pool and n.last_heartbeat > since
+    )
+    if heard:
+        ctx.emit(ev.NodeLossResumed, pool=pool, node_id=heard[0])

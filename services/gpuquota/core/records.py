@@ -274,7 +274,17 @@ class Hold:
 
 
 class NodeRecord(Mutable):
-    __slots__ = ("address", "draining", "free", "last_heartbeat", "node_id", "online", "pool", "slots")
+    __slots__ = (
+        "address",
+        "draining",
+        "free",
+        "incarnation",
+        "last_heartbeat",
+        "node_id",
+        "online",
+        "pool",
+        "slots",
+    )
 
     def __init__(
         self,
@@ -291,6 +301,8 @@ class NodeRecord(Mutable):
         self.online = True
         self.draining = False
         self.address = ""
+        self.incarnation = ""
+        """``RegisterNode.incarnation`` of the node's last registration (``RunAttempt`` carries it)."""
         self.last_heartbeat = at
         self.free: dict[str, list[int]] = {}
         """Per unit: indexes of the free slots, ascending (a plain list: a node has a handful)."""

@@ -80,6 +80,9 @@ class ClusterState(Journalled):
         self.holds: dict[str, Hold] = {}
         self.queues_deleting: set[str] = set()
         """Job queues deleted while they had quota shares: DELETED once those are gone."""
+        self.loss_suspended: dict[str, int] = {}
+        """Pool -> since when (ms) every online node of it has been silent at once: no node of the
+        pool is declared lost until one is heard from again (``core.nodes``, "Full disruption")."""
         self.deadlines = SortedKeys()
         """(deadline ms, job id, attempt id) of attempts with a ``attemptDurationSeconds`` timeout."""
         self.pool_slots: dict[str, dict[str, int]] = {}
@@ -185,6 +188,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             n.online,
             n.draining,
             n.address,
+            n.incarnation,
             n.last_heartbeat,
             sorted((u, tuple(free)) for u, free in n.free.items()),
         )
@@ -203,6 +207,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
         nodes,
         holds,
         sorted(state.queues_deleting),
+        sorted(state.loss_suspended.items()),
         tuple(state.deadlines),
         sorted((p, sorted(c.items())) for p, c in state.pool_slots.items()),
         sorted((p, sorted(c.items())) for p, c in state.pool_free.items()),

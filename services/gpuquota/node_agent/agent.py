@@ -22,6 +22,13 @@ delivered, adopts the attempts still running and reports those that ended meanwh
 status the runtime recorded; it forgets unreported an attempt of which nothing is left (the
 scheduler, whose log assigns it, requeues it as lost: S5.7). The registration and each heartbeat
 list the attempts the agent knows; the scheduler reconciles them with its log (docs/semantics.md).
+
+Incarnations: each registration draws a new random ``incarnation`` and the scheduler addresses every
+``RunAttempt`` to the incarnation its node had when it dispatched the attempt. The agent drops one
+addressed to another incarnation: it was dispatched before the agent's latest registration, which did
+not list it, so the scheduler has requeued it already (``core.nodes``). This is what keeps a restarted
+agent, whose command feed resumes at its last committed offset, from running again the commands the
+dead agent had received but not recorded, or never received, while their jobs run elsewhere.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota.dirlock import DirectoryLock
-from gpuquota.ids import uuid7
+from gpuquota.ids import uuid4, uuid7
 from gpuquota.node_agent.outcomes import final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepared_and_recorded
@@ -116,6 +123,10 @@ class NodeAgent:
         self._started = False
         self.registrations = 0
         """RegisterNode inputs emitted (the first at start, one per accepted RegisterAgain)."""
+        self.incarnation: str | None = None
+        """The latest registration's ``RegisterNode.incarnation`` (none before the first)."""
+        self.stale_commands = 0
+        """RunAttempt commands dropped: addressed to an earlier registration (module doc)."""
         self.send_failures = 0
         self.trace: list[tuple[float, str, str]] = []
         """(epoch seconds, attempt id, what happened): signals, group gone, reports; for timelines."""
@@ -211,6 +222,16 @@ class NodeAgent:
             if command.attempt_id in self._attempts or command.attempt_id in self._finished:
                 log.info("ignoring repeated RunAttempt %s", command.attempt_id)
                 return
+            if command.incarnation and command.incarnation != self.incarnation:
+                self.stale_commands += 1
+                log.warning(
+                    "dropping RunAttempt %s: dispatched to incarnation %s, before this registration (%s),"
+                    " which the scheduler reconciled without it",
+                    command.attempt_id,
+                    command.incarnation,
+                    self.incarnation,
+                )
+                return
             att = Attempt(command=command)
             self._attempts[command.attempt_id] = att
             att.task = asyncio.create_task(self._run(att), name=f"attempt-{command.attempt_id}")
@@ -224,9 +245,12 @@ class NodeAgent:
             self._register_again(command.reason)
 
     def _register(self) -> None:
+        """A new incarnation and the attempts it knows, taken together: a ``RunAttempt`` for an earlier
+        incarnation that is not among them is requeued by the scheduler, and dropped here."""
         self.registrations += 1
+        self.incarnation = uuid4()
         node = {"node_id": self.node_id, "pool": self.pool, "slots": self.slots, "address": self.address}
-        self._emit(RegisterNode(**self._meta(), **node, attempts=self._known()))
+        self._emit(RegisterNode(**self._meta(), **node, attempts=self._known(), incarnation=self.incarnation))
 
     def _known(self) -> tuple[NodeAttempt, ...]:
         return tuple(att.known() for att in self._attempts.values())

@@ -23,6 +23,12 @@ def gang(state: ClusterState, placements: tuple[Placement, ...]) -> tuple[GangNo
     return tuple(nodes)
 
 
+def _incarnation(state: ClusterState, node_id: str) -> str:
+    """The registration a ``RunAttempt`` is addressed to (its agent drops it after a newer one)."""
+    node = state.nodes.get(node_id)
+    return "" if node is None else node.incarnation
+
+
 def _header(event: ev.SchedulerEvent, node_id: str, *, part: bool = False) -> dict[str, Any]:
     """What a command derived from ``event`` takes from it: its time, and its id (with the node's for
     one part of a per-node fan-out, so that each part's id is its own)."""
@@ -53,6 +59,7 @@ def node_commands(state: ClusterState, event: ev.SchedulerEvent) -> list[NodeCom
                 gpus=p.gpus,
                 payload=job.payload,
                 gang=nodes,
+                incarnation=_incarnation(state, p.node_id),
             )
             for p in event.placements
         ]

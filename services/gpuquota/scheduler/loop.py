@@ -39,6 +39,7 @@ duplicate records, dead letters, snapshots at exact sequences and reload-and-red
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.input_results import InputResult, result_of
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _I = TypeVar("_I")
@@ -140,6 +143,21 @@ def answers(pool: str, clock: Callable[[], int]) -> Answerer:
     return answer
 
 
+_NODE_NEWS = (ev.NodeLost, ev.NodeLossSuspended, ev.NodeLossResumed)
+
+
+def log_node_news(event: SchedulerEvent) -> None:
+    """What an operator must see in the scheduler's log: a node lost, node loss suspended or resumed."""
+    if isinstance(event, ev.NodeLossSuspended):
+        log.warning("node loss suspended in pool %s: %s", event.pool, event.reason)
+    elif isinstance(event, ev.NodeLossResumed):
+        log.warning(
+            "node loss resumed in pool %s: node %s reported; every timer restarts", event.pool, event.node_id
+        )
+    elif isinstance(event, ev.NodeLost):
+        log.warning("node %s lost: %s", event.node_id, event.reason)
+
+
 class Effects:
     """What recorded events mean outside the core, collected in decision order.
 
@@ -160,6 +178,8 @@ class Effects:
     def before(self, state: ClusterState, event: SchedulerEvent) -> None:
         self.records.extend(job_state(state, event, self.cause))
         self.commands.extend(node_commands(state, event))
+        if isinstance(event, _NODE_NEWS):
+            log_node_news(event)
 
     def answered(self, message: SchedulerInput, events: Sequence[SchedulerEvent]) -> None:
         """Collect the results of ``message``, recorded with ``events`` (with an ``answer`` only)."""

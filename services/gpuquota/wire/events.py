@@ -279,6 +279,8 @@ class NodeRegistered(Message):
     """The node registers while an operator's drain holds (its agent restarted): it stays drained."""
     address: str = ""
     """``RegisterNode.address``: how other nodes reach this one (empty: its node id)."""
+    incarnation: str = ""
+    """``RegisterNode.incarnation``: the registration that ``RunAttempt`` commands are addressed to."""
 
 
 class NodeHeartbeatRecorded(Message):
@@ -304,6 +306,24 @@ class NodeLost(Message):
     type: Literal["NodeLost"] = "NodeLost"
     node_id: str
     reason: str
+
+
+class NodeLossSuspended(Message):
+    """Every online node of ``pool`` went silent at once: it is the link to the scheduler that failed
+    (a broker outage), not the nodes, so none of them is declared lost until heartbeats flow again."""
+
+    type: Literal["NodeLossSuspended"] = "NodeLossSuspended"
+    pool: str
+    reason: str
+
+
+class NodeLossResumed(Message):
+    """A node of a suspended pool was heard from again (``node_id``; decided by the next tick): every
+    online node of ``pool`` has its heartbeat timer restarted now, so each gets a whole timeout."""
+
+    type: Literal["NodeLossResumed"] = "NodeLossResumed"
+    pool: str
+    node_id: str
 
 
 SchedulerEvent = Annotated[
@@ -333,7 +353,9 @@ SchedulerEvent = Annotated[
     | NodeHeartbeatRecorded
     | NodeDraining
     | NodeUndrained
-    | NodeLost,
+    | NodeLost
+    | NodeLossSuspended
+    | NodeLossResumed,
     Field(discriminator="type"),
 ]
 

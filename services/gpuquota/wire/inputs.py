@@ -145,6 +145,12 @@ class RegisterNode(Input):
     address: Annotated[str, Field(max_length=256)] = ""
     """How the other nodes reach this one (an IP address or host name), for the instances of an attempt
     spread over several nodes (I6); empty: its node id."""
+    incarnation: Annotated[str, Field(max_length=64)] = ""
+    """A random id the agent draws for each registration. The scheduler's ``RunAttempt`` commands carry
+    the incarnation of the node's registration they were dispatched to, and an agent drops those
+    addressed to an earlier one: this registration's reconciliation already requeued them (an agent
+    restarted, its command feed resumed at its last committed offset, must not run them too).
+    Empty: an agent from before incarnations."""
 
 
 class NodeHeartbeat(Input):

@@ -41,6 +41,10 @@ class RunAttempt(Message):
     gang: tuple[GangNode, ...] = ()
     """Every node of the attempt in rank order, this one included, so that all agree on the hosts, the
     ranks and ``MASTER_ADDR`` (the first node's address); empty: the attempt runs on this node only."""
+    incarnation: str = ""
+    """The ``RegisterNode.incarnation`` of the node's registration the attempt was dispatched to. An
+    agent that registered since (a restart, a registration again) drops the command: that registration
+    did not list the attempt, so the scheduler requeued it. Empty: dispatched before incarnations."""
 
 
 class StopAttempt(Message):

@@ -564,6 +564,19 @@ CASES: dict[str, Case] = {
               want=[expect.attempt("a1", 2),
                     expect.placement("a1", ("node-1", (1,), (1,)), ("node-0", (0,), (0,)))]),
     ]),
+    # Full disruption: every node of the pool silent at once is a broken link, not lost nodes. The
+    # first heartbeat restarts every timer; a node that stays silent is lost a whole timeout later.
+    "full_disruption_suspends_node_loss": Case("S5.7", pool(2, lend("QS1", 2), nodes=2), [
+        Round([do.submit(job("a1"), job("a2")), do.running("a1", "a2")],
+              want=[expect.placement("a1", ("node-0", (0,), (0,))),
+                    expect.placement("a2", ("node-1", (0,), (0,)))]),
+        Round([do.elapse(120_000, silent=["node-0", "node-1"])], want_status={"a1": RUNNING, "a2": RUNNING}),
+        Round([do.heartbeat("node-1")], want=[expect.last_events("NodeHeartbeatRecorded")]),
+        Round([do.tick()], want=[expect.last_events("NodeLossResumed")]),
+        Round([do.elapse(30_000, silent=["node-0"])], want_status={"a1": RUNNING, "a2": RUNNING}),
+        Round([do.elapse(15_000, silent=["node-0"])], want_status={"a1": RUNNABLE, "a2": RUNNING},
+              want=[expect.reason("a1", "Node node-0 lost")]),
+    ]),
     "deregistered_node_requeues_without_counts": Case("S5.7", pool(2, lend("QS1", 2), nodes=2), [
         Round([do.submit(job("j").preemption_retries(0)), do.running("j")],
               want=[expect.placement("j", ("node-0", (0,), (0,)))]),
