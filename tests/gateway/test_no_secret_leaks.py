@@ -121,14 +121,14 @@ def test_up_with_keys_at_debug_never_shows_the_secret_key(tmp_path: Path) -> Non
     assert_hidden(out.read_text(), logged, *answers, *scraped)
 
 
-def _ready_url(proc: subprocess.Popen[bytes], out: Path, err: Path) -> str:
-    """The URL of ``gpuquota up``'s ready line, waiting for it (or its exit) with a deadline."""
+def _ready_url(proc: subprocess.Popen[bytes], out: Path, err: Path, ready: str = "gpuquota ready on ") -> str:
+    """The URL of the service's ready line, waiting for it (or its exit) with a deadline."""
     import time
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for line in out.read_text().splitlines():
-            if line.startswith("gpuquota ready on "):
+            if line.startswith(ready):
                 return line.rsplit(" ", 1)[1]
         assert proc.poll() is None, err.read_text()
         time.sleep(0.05)  # polling a file for a line: no event to wait on
@@ -234,3 +234,55 @@ def test_jobs_do_not_inherit_the_secrets_of_their_agent(tmp_path: Path) -> None:
     assert (
         "GPUQUOTA_LOG_LEVEL" in logs.stdout and "GPUQUOTA_NODE_TOKEN" not in logs.stdout
     )  # inherited, less it
+
+
+@pytest.mark.integration
+def test_the_distributed_gateway_at_debug_never_shows_its_secrets(
+    tmp_path: Path, kafka_bootstrap: str, database_url: str
+) -> None:
+    """``gpuquota gateway`` on the real broker and database, logging at DEBUG (aiokafka's loggers too),
+    with keys, a node token and the database's password (run it with ``PG_PASSWORD=...`` for a password
+    distinct from the user's name). (The project's PostgreSQL trusts local connections, so a refused
+    password cannot be tried here.)"""
+    from urllib.parse import urlsplit
+
+    password = urlsplit(database_url).password or ""
+    secrets = [
+        s for s in (SECRET_KEY, NODE_TOKEN, password) if s and s not in database_url.replace(f":{s}@", "@")
+    ]
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"- {{access_key: ADMIN, secret_key: {SECRET_KEY}, admin: true}}\n")
+    run = os.urandom(4).hex()
+    env = _env(
+        GPUQUOTA_KAFKA=kafka_bootstrap,
+        GPUQUOTA_DATABASE_URL=database_url,
+        GPUQUOTA_PORT=str(free_port()),
+        GPUQUOTA_TOPIC_PREFIX=f"leak{run}.",
+        GPUQUOTA_POOL=f"p-{run}",
+        GPUQUOTA_AUTH_KEYS=str(keys),
+        GPUQUOTA_NODE_TOKEN=NODE_TOKEN,
+        GPUQUOTA_NODE_LOGS_URL=f"http://127.0.0.1:{free_port()}",
+    )
+    out, err = tmp_path / "gw.stdout", tmp_path / "gw.stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuquota", "gateway"], stdout=stdout, stderr=stderr, env=env
+        )
+    try:
+        url = _ready_url(proc, out, err, ready="gpuquota gateway ready on ")
+        good = client(url, "ADMIN", SECRET_KEY)
+        assert good.describe_job_queues()["jobQueues"] == []  # signed: answered (no scheduler runs)
+        answers = [
+            error_of(lambda: client(url, "ADMIN", "not-the-secret").describe_job_queues()),
+            error_of(lambda: client(url, "NOBODY", SECRET_KEY).describe_job_queues()),
+            error_of(lambda: good.describe_service_job(jobId="no-such-job")),
+        ]
+        scraped = [get(url + path) for path in ("/metrics", "/health/ready")]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    texts = [out.read_text(), err.read_text(), *answers, *scraped]
+    assert "DEBUG" in texts[1]
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text, f"{secret!r} shown in:\n{text[-3000:]}"
