@@ -194,5 +194,6 @@ async def test_kill_9_of_the_agent_three_times_during_short_jobs(
     assert not again, f"jobs ran again after finishing: {again[:5]}"
     assert findings.most_at_once <= SLOTS, findings.line()
     figures = check_events(await cluster.events(), tmp_path, acknowledged)
+    figures.recovery_seconds = recoveries
     print(figures.line(f"kill -9 of the node agent x{KILLS} during {JOBS} short jobs"))
     assert len({r.job_id for r in read_runs(out)}) == JOBS
