@@ -38,6 +38,15 @@ class TransientStoreError(EventStoreError):
     """The store is unreachable; retry with a bound, then crash (nothing may act without the log)."""
 
 
+class StoreWriteFailed(EventStoreError):
+    """The store answers but cannot write (disk full, I/O error): the append did not commit.
+
+    Not retried: waiting would hold every input behind this one for as long as the disk stays full.
+    The inputs are refused with the reason, reads go on, and the next append that succeeds (space
+    freed) ends it. Should the failed commit have reached the file after all, the same input appended
+    again is a ``DuplicateInput``, so a retry with the same input never records it twice."""
+
+
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where an input was consumed from: the *next* offset to read after it."""

@@ -27,6 +27,12 @@ one indexed range scan per page. The file runs in WAL mode with ``synchronous=NO
 survives a crash of the process, but the last commits before an OS crash or power loss may be lost
 (the inputs are then redelivered from Kafka and decided again).
 
+A write the file system refuses (``SQLITE_FULL``: the disk is full; ``SQLITE_IOERR``: an I/O error;
+``SQLITE_READONLY``, ``SQLITE_CANTOPEN``) is ``StoreWriteFailed``: the transaction is rolled back
+and nothing of the append committed, but the file stays readable and the writer usable, so the next
+append succeeds once the disk has room again (``_write_error``). Every other ``OperationalError`` is
+a ``TransientStoreError``, retried by the loop.
+
 The schema version is ``PRAGMA user_version``; ``open`` creates the schema in an empty file and
 refuses a file written by a newer schema.
 """
@@ -50,6 +56,7 @@ from gpuquota.adapters.event_store import (
     Record,
     Snapshot,
     StaleWriter,
+    StoreWriteFailed,
     TransientStoreError,
     first_repeated,
 )
@@ -57,6 +64,12 @@ from gpuquota.adapters.log_codec import decode_record, encode_events, encode_inp
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+WRITE_ERRORS = frozenset(
+    {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN}
+)
+"""Primary result codes of a write the file system refused (the extended codes of an I/O error,
+``SQLITE_IOERR_WRITE`` and the like, keep the primary one in their low byte)."""
 
 CHECKPOINT_BYTES = 4 * 1024 * 1024
 """Appended since the last checkpoint, in bytes of JSON, before the worker thread runs the next one
@@ -151,15 +164,18 @@ class SqliteEventStore(EventStore):
                 last = _append_many(self._writer, pool, expected_seq, rows)
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
-                    raise TransientStoreError(f"sqlite: {exc}") from exc
+                    raise _write_error(exc) from exc
             else:
                 self._written(size)
                 return last
         # Another connection writes: wait for its lock on the worker thread, not here. Appends after
         # this one go there too while it waits, so that they stay in order.
         self._handed_over += 1
+        executor = asyncio.get_running_loop().run_in_executor
         try:
-            last = await self._call(lambda conn: _append_many(conn, pool, expected_seq, rows))
+            last = await executor(self._executor, _append_many, self._conn, pool, expected_seq, rows)
+        except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk full, ...
+            raise _write_error(exc) from exc
         finally:
             self._handed_over -= 1
         self._written(size)
@@ -216,6 +232,14 @@ class SqliteEventStore(EventStore):
         self._writer.close()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
+
+
+def _write_error(exc: sqlite3.OperationalError) -> EventStoreError:
+    """What a failed append means to the loop: the file system refused the write (``WRITE_ERRORS``:
+    not retried), or anything else (locked past the busy timeout, ...: retried)."""
+    if (exc.sqlite_errorcode & 0xFF) in WRITE_ERRORS:
+        return StoreWriteFailed(f"{exc} (SQLite {exc.sqlite_errorname})")
+    return TransientStoreError(f"sqlite: {exc}")
 
 
 # ----- worker-thread functions ---------------------------------------------------------------

@@ -149,7 +149,7 @@ class EmbeddedStack:
             guard=front.guard,
         )
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
-        probes = {"eventLog": store_probe(lambda: self.store, shell.pool)}
+        probes = {"eventLog": store_probe(lambda: self.store, shell.pool, lambda: shell.write_failure)}
         install(gateway, self.registry, probes, lambda: shell.state)
         work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)

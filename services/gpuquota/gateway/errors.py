@@ -21,3 +21,11 @@ class ClientException(ApiError):
 
 class ServerException(ApiError):
     """HTTP 500, ``x-amzn-ErrorType: ServerException``: our fault."""
+
+
+class ServiceUnavailable(ServerException):
+    """HTTP 503, ``x-amzn-ErrorType: ServerException``: a dependency cannot take the request now (the
+    event log cannot be written, ...); nothing was done, and the same request may be retried (boto3's
+    retry modes retry a 503)."""
+
+    status = 503

@@ -4,6 +4,10 @@ Both modes report the core's rejection of an input (its ``InputRejected`` event)
 ``CommandRejected``: the embedded port calls the in-process shell and reads the decision it returns;
 the Kafka port (``gpuquota.gateway.kafka_port``, distributed mode) produces the input and waits, up to
 its decision timeout, for the decision in the log. A write not decided by then is still accepted.
+
+An event log that refuses writes (``StoreWriteFailed``: the embedded mode's disk is full) makes the
+embedded port's write a 503 ``ServiceUnavailable`` with the reason: nothing was recorded, and the
+same request succeeds once the log takes writes again.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from gpuquota.adapters.event_store import StoreWriteFailed
+from gpuquota.gateway.errors import ServiceUnavailable
 from gpuquota.wire import events as ev
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
@@ -34,6 +40,9 @@ class Scheduler(Protocol):
         ...
 
 
+NOT_RECORDED = "Nothing was recorded; retry once the event log takes writes again (GET /health/ready)."
+
+
 class EmbeddedCommandPort:
     """Hands inputs straight to the shell of this process."""
 
@@ -41,7 +50,11 @@ class EmbeddedCommandPort:
         self.shell = shell
 
     async def send(self, message: SchedulerInput) -> None:
-        raise_if_rejected(message, await self.shell.handle(message))
+        try:
+            decided = await self.shell.handle(message)
+        except StoreWriteFailed as exc:
+            raise ServiceUnavailable(f"The event log cannot be written: {exc}. {NOT_RECORDED}") from None
+        raise_if_rejected(message, decided)
 
 
 def raise_if_rejected(message: SchedulerInput, decided: Iterable[ev.SchedulerEvent]) -> None:

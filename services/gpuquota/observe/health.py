@@ -50,14 +50,20 @@ async def readiness(
     return all(result is None for result in results), checks
 
 
-def store_probe(store: Callable[[], EventStore | None], pool: str) -> Probe:
-    """The event log answers a query (``last_seq`` of ``pool``)."""
+def store_probe(
+    store: Callable[[], EventStore | None], pool: str, refused: Callable[[], str | None] | None = None
+) -> Probe:
+    """The event log answers a query (``last_seq`` of ``pool``) and, with ``refused`` (the embedded
+    shell's ``write_failure``), takes writes: a log that reads but refuses writes is not ready."""
 
     async def probe() -> str | None:
         current = store()
         if current is None:
             return "not connected"
         await current.last_seq(pool)
+        failure = refused() if refused is not None else None
+        if failure is not None:
+            return f"the event log cannot be written: {failure}; writes are refused until one succeeds"
         return None
 
     return probe

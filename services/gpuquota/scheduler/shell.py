@@ -7,9 +7,9 @@ the shell runs the loop's ``decide_one``: the core ``decide``s, the input and it
 the event store (the log is the truth: nothing acts on a decision before it is recorded), then each
 event is applied: its node commands are derived from the state *before* the event (``loop.Effects``) and
 the state ``evolve``s; the shell then folds the events into the read model. Node commands and job-state
-events are published through the loop's ``Publisher`` port: here the in-process ``LocalPublisher``, an
-outbox drained by one delivery task, in decision order; delivering outside the lock lets a node agent's
-``deliver`` feed reports back into ``handle`` without deadlock.
+events are published through the loop's ``Publisher`` port: here the in-process ``LocalPublisher``
+(``scheduler.local_publisher``), an outbox drained by one delivery task, in decision order; delivering
+outside the lock lets a node agent's ``deliver`` feed reports back into ``handle`` without deadlock.
 
 Group commit: every store appends several records in one transaction (``append_many``), so ``handle``
 queues its input and one drain task takes every input queued so far as a batch: it ``step``s them one
@@ -34,11 +34,19 @@ bug in the core) may have changed the state half-way: the shell settles the batc
 rebuilds the state from the log, re-applies the events of the batch's inputs before it and answers it
 with the error. ``group_commit=False`` means one input per append.
 
-Failures follow the loop's one policy: appends are retried while the store is unreachable, for at most
+Other failures follow the loop's one policy: appends are retried while the store is unreachable, for at most
 ``store_retry_seconds``; then, or when a tick fails (a bug in the core or the store), the shell fails:
 ``wait()`` returns the error, ``handle`` refuses every later input with it, and ``gpuquota up`` exits 1
 to be restarted (recovery is the normal start). An input that fails on its own is answered with its
 error and the shell carries on.
+
+A write the store refuses (``StoreWriteFailed``: the disk is full, an I/O error) is not retried: the
+inputs of the failed batch are answered with it (the gateway's 503 with the reason), nothing of them
+reaches the read model, and the state is rebuilt from the log as after any failed append. From then
+on, until an append succeeds, inputs are handled one at a time (``decide_one``: the state changes
+only once an input is recorded), so each refusal costs one failed append and no rebuild, and the
+first input that is recorded (space freed) ends it by itself. ``write_failure`` says why meanwhile
+(``/health/ready``); reads, ticks and the node agents' retries go on.
 
 ``recover()`` rebuilds the state and the read model by folding the whole log of the pool
 (``fold_log``). A tick task feeds ``Tick`` (time passing: heartbeat expiry, timeouts, time limits)
@@ -55,29 +63,26 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record
+from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record, StoreWriteFailed
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.core import ClusterState, evolve
 from gpuquota.ids import uuid7
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler import loop
-from gpuquota.scheduler.loop import Commands, Deliveries, JobStates, Results
+from gpuquota.scheduler.local_publisher import EventSubscriber, LocalPublisher, NodeCommandSink
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import Message
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import SchedulerInput
-from gpuquota.wire.node_commands import NodeCommand
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
-NodeCommandSink = Callable[[NodeCommand], Awaitable[None]]
-EventSubscriber = Callable[[SchedulerEvent], Awaitable[None]]
 Answer = asyncio.Future[list[SchedulerEvent]]
 Pending = tuple[SchedulerInput, Answer]
 
@@ -95,50 +100,6 @@ class _Batch:
     stepped: loop.StepBatch[Pending]
     append: asyncio.Task[int] | None
     started: float
-
-
-class LocalPublisher:
-    """The loop's ``Publisher`` in one process: node commands to the local agents (``sink``) and
-    job-state events to ``subscribers``, delivered by one task in decision order."""
-
-    def __init__(self) -> None:
-        self.sink: NodeCommandSink | None = None
-        self.subscribers: list[EventSubscriber] = []
-        self._outbox: asyncio.Queue[tuple[list[NodeCommand], list[SchedulerEvent]]] = asyncio.Queue()
-
-    async def publish(self, records: JobStates, commands: Commands, results: Results = ()) -> Deliveries:
-        """Queue for delivery (nothing waits for an in-process delivery: no awaitables)."""
-        if commands or records:
-            self._outbox.put_nowait((list(commands), [record.event for record in records]))
-        return []
-
-    async def idle(self) -> None:
-        await self._outbox.join()
-
-    async def deliver_forever(self) -> None:
-        while True:
-            commands, events = await self._outbox.get()
-            try:
-                await self._deliver(commands, events)
-            finally:
-                self._outbox.task_done()
-
-    async def _deliver(self, commands: list[NodeCommand], events: list[SchedulerEvent]) -> None:
-        sink = self.sink
-        for command in commands:
-            if sink is None:
-                log.debug("no node command sink; dropped %s for %s", command.type, command.node_id)
-                continue
-            try:
-                await sink(command)
-            except Exception:  # the agent's own failure: the decision stands, the agent reports
-                log.exception("delivering %s to node %s failed", command.type, command.node_id)
-        for event in events:
-            for subscriber in list(self.subscribers):
-                try:
-                    await subscriber(event)
-                except Exception:
-                    log.exception("job-state subscriber failed on %s", event.type)
 
 
 class SchedulerShell:
@@ -177,6 +138,10 @@ class SchedulerShell:
         self._stale = False  # the state is ahead of the log (a batch failed): rebuild before deciding
         self.failure: BaseException | None = None
         self._failed = asyncio.Event()
+        self.write_failure: str | None = None
+        """Why the last append failed, while the store refuses writes (``StoreWriteFailed``); None once
+        an append succeeds."""
+        self._failing_since = 0.0
         self.on_step: Callable[[float], None] | None = None
         """Called with the seconds each batch took to decide, record and apply (metrics)."""
 
@@ -226,6 +191,7 @@ class SchedulerShell:
             return []
         if one.seq is not None:
             self.seq = one.seq
+            self._written()
         self._project(one.events)
         await one.effects.publish(self.publisher)
         return one.events
@@ -244,10 +210,14 @@ class SchedulerShell:
                     continue
                 batch: list[Pending] = []
                 in_flight = list(flight)
+                careful = self.write_failure is not None  # one at a time until a write succeeds
                 try:
                     async with self._lock:
-                        if self._queued and len(flight) < PIPELINE_DEPTH:
+                        if self._queued and len(flight) < PIPELINE_DEPTH and not (careful and flight):
                             batch, self._queued = self._queued, []
+                            if careful:
+                                await self._handle_carefully(batch)
+                                continue
                             decided = await self._decide_batch(batch, flight)
                             if decided is not None:
                                 flight.append(decided)
@@ -333,8 +303,11 @@ class SchedulerShell:
         except Exception as exc:
             log.warning("a batch of %d inputs failed (%r); redone one at a time", len(decided), exc)
             self._fail_if_fatal(exc)
+            self._write_refused(exc)
             await self._redo_failed(batch, later)
             return False
+        if batch.append is not None:
+            self._written()
         self._stale = bool(later)
         for _, events in decided:
             self._project(events)
@@ -394,11 +367,19 @@ class SchedulerShell:
                 result = await self._handle_one(message)
             except Exception as exc:
                 self._fail_if_fatal(exc)
+                self._write_refused(exc)
                 if not answer.done():
                     answer.set_exception(exc)
             else:
                 if not answer.done():
                     answer.set_result(result)
+
+    async def _handle_carefully(self, pending: list[Pending]) -> None:
+        """While the store refuses writes: ``pending`` one input at a time, on the state of the log
+        (each ``decide_one`` changes it only once its input is recorded), so a refusal needs no rebuild."""
+        if self._stale:
+            await self._rebuild_state()
+        await self._handle_each(pending)
 
     async def _rebuild_state(self) -> None:
         """Fold the pool's log into a new ``ClusterState`` (the read model is left as it is)."""
@@ -420,6 +401,22 @@ class SchedulerShell:
         self._project(record.events)
 
     # ----- failure -----------------------------------------------------------------------------
+
+    def _write_refused(self, exc: BaseException) -> None:
+        """Note a ``StoreWriteFailed``: inputs go one at a time, and ``write_failure`` says why."""
+        if not isinstance(exc, StoreWriteFailed):
+            return
+        if self.write_failure is None:
+            self._failing_since = time.monotonic()
+            log.error("the event log cannot be written (%s): inputs are refused until a write succeeds", exc)
+        self.write_failure = str(exc)
+
+    def _written(self) -> None:
+        """An append succeeded: the store takes writes again, if it had refused them."""
+        if self.write_failure is not None:
+            failed = time.monotonic() - self._failing_since
+            log.warning("the event log is written again, after %.1f s of refused writes", failed)
+            self.write_failure = None
 
     def _fail_if_fatal(self, exc: BaseException) -> None:
         """The loop's failure policy: an unreachable store (after its retries) fails the shell."""
@@ -474,5 +471,7 @@ class SchedulerShell:
             await asyncio.sleep(self.tick_seconds)
             try:
                 await self.handle(self.make(inp.Tick))
+            except StoreWriteFailed:
+                continue  # noted (write_failure); the next tick decides the same again
             except Exception as exc:  # time stops for the whole pool: fail fast, to be restarted
                 self._fail(exc)
