@@ -1,7 +1,8 @@
 """Where migrating AWS users look first (issue #14): blocked-job reasons, time-limit actions, texts.
 
-S9.1: only a RUNNABLE head job that can never run as things are carries a ``statusReason``, in
-DescribeServiceJob and in ListServiceJobs; S9.2: ``jobStateTimeLimitActions`` act only on such jobs.
+S9.1: a RUNNABLE job that can never run as things are carries a ``statusReason`` (AWS's codes), in
+DescribeServiceJob and in ListServiceJobs, wherever it waits; S9.2: ``jobStateTimeLimitActions`` act
+only on such jobs at the head of their share.
 """
 
 from __future__ import annotations
@@ -54,26 +55,31 @@ def test_blocked_heads_carry_aws_reasons(stack: Stack) -> None:
         f"{QUOTA_LIMIT} - Job needs 2 ml.g5.xlarge but quota share A may hold at most 1"
     )
     assert str(reason(batch, no_nodes)).startswith(f"{NO_NODES} - Job needs 3 ml.g5.xlarge")
-    # too-big waits behind no-nodes (priority 9): not the head, so no reason; waiting is at its limit.
-    assert reason(batch, too_big) is None and reason(batch, waiting) is None
+    # too-big waits behind no-nodes (priority 9) but can never run: it says so (AWS only at the head);
+    # waiting only waits for its share's limit: no reason.
+    too_big_reason = f"{SE_MAX} - Job needs 4 ml.g5.xlarge but service environment se allows at most 3"
+    assert wait_for(lambda: reason(batch, too_big)) == too_big_reason and reason(batch, waiting) is None
     assert listed_reasons(batch) == {
-        "too-big": None,
+        "too-big": too_big_reason,
         "over-share": reason(batch, over_share),
         "no-nodes": reason(batch, no_nodes),
         "waiting": None,
     }
     assert explanation(stack, waiting)["reason"] == "WAITING_FOR_OWN_QUOTA"
     never = explanation(stack, over_share)
-    assert never["reason"] == QUOTA_LIMIT and "can never run as configured" in never["message"]
+    assert never["reason"] == QUOTA_LIMIT and never["message"] == reason(batch, over_share)
+    assert never["action"] == (
+        "Terminate it, resubmit it needing at most 1, or raise quota share A's limit for ml.g5.xlarge to "
+        "at least 2 (or make it LEND_AND_BORROW with a borrowLimit)"
+    )
+    assert explanation(stack, too_big)["action"].startswith("Terminate it, resubmit it needing at most 3")
 
     # A node joins: no-nodes is no longer blocked (it now waits for capacity C's job holds).
     stack.register_node("node-2", count=2)
     assert wait_for(lambda: reason(batch, no_nodes) is None)
     # The head leaves: too-big is now the head, blocked by the environment's limit.
     batch.terminate_service_job(jobId=no_nodes, reason="not needed")
-    assert wait_for(lambda: reason(batch, too_big)) == (
-        f"{SE_MAX} - Job needs 4 ml.g5.xlarge but service environment se allows at most 3"
-    )
+    assert wait_for(lambda: reason(batch, too_big)) == too_big_reason
     assert explanation(stack, too_big)["reason"] == SE_MAX
 
 

@@ -1,29 +1,45 @@
-"""Blocked head jobs (semantics S9.1): the one home of AWS's reasons for a job that cannot run.
+"""Blocked jobs (semantics S9.1): the one home of AWS's reasons for a job that cannot run.
 
-A RUNNABLE job that merely waits its turn (behind its share's head, or for capacity its share will
-get back) is not blocked. A head job is blocked when, as things are configured or as the nodes are,
-it cannot run however long it waits:
+Theory of operation
+-------------------
+A RUNNABLE job that merely waits (its turn behind its share's head, or for capacity its share will
+get back) is not blocked. A job is **blocked** when, as things are configured or as the nodes are, it
+cannot run however long it waits:
 
 - ``MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE``: more than the service environment's limit;
 - ``MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED``: more than its share may ever hold, M(s,u);
 - ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``: within the limits, but the pool's online, non-draining
   nodes do not offer that many slots of the unit in total.
 
-The scheduling pass records each change of a share's blocked head as ``JobBlocked`` or
-``JobUnblocked`` (``record_blocked``), so the reason is in the log, in the read model's
-``statusReason``, and drives ``jobStateTimeLimitActions`` (S9.2).
+Whether a job is blocked depends only on its demand and on its *bounds*: the environment's limit,
+M(s,u) and the pool's slots. It changes when a job enters a queue (submitted or requeued) or when a
+bound changes (configuration, nodes), never with dispatches or reports.
+
+The scheduling pass records each change (``record_blocked``) as ``JobBlocked`` or ``JobUnblocked``,
+so the reason is in the log and in the read model's ``statusReason``:
+
+- the share's head, in ``ShareRecord.blocked`` with since when: it drives
+  ``jobStateTimeLimitActions`` (S9.2), which act on heads only, as AWS's do;
+- any other blocked job of the share, in ``ShareRecord.blocked_behind``: a job that can never run
+  says so wherever it waits (AWS says so only once it reaches the head).
+
+Each code has one remedy (``remedy``): the change of configuration or nodes that would unblock it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final, cast
 
 from gpuquota.core.context import Context
+from gpuquota.core.lifecycle import JOB_TRANSITIONS
 from gpuquota.core.quota import environment_limit, share_max_usage
-from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
+from gpuquota.core.state import LEND_AND_BORROW, RUNNABLE, ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import ServiceEnvironmentSpec
 
+MISCONFIGURATION: Final = "MISCONFIGURATION:"
+"""The prefix of the codes of jobs that can never run as configured (the other waits for nodes)."""
 SERVICE_ENVIRONMENT_MAX_RESOURCE: Final = "MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE"
 QUOTA_MANAGEMENT_LIMIT_EXCEEDED: Final = "MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED"
 INSUFFICIENT_INSTANCE_CAPACITY: Final = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"
@@ -35,54 +51,169 @@ BLOCKED_CODES: Final = (
 TIME_LIMIT_REASON: Final = "Terminated by JobStateTimeLimit action due to reason: {code}"
 """S9.2: the status reason of a job failed by a ``jobStateTimeLimitActions`` entry."""
 
+Found = tuple[str, str, str, int]
+"""(code, what the job needs against its bound, the remedy, the bound) of a blocked job."""
+
+_BOUNDS_KEPT: Final = frozenset(
+    {
+        *JOB_TRANSITIONS,
+        ev.PreemptionHoldReleased,
+        ev.NodeHeartbeatRecorded,
+        ev.InputRejected,
+        ev.AttemptFenced,
+    }
+)
+"""Events that change no bound: after only these, only jobs that entered a queue need a look."""
+
+
+# ----- the rule ----------------------------------------------------------------------------------
+
 
 def blocked_reason(
     state: ClusterState, environment: ServiceEnvironmentSpec, share: ShareRecord, job: JobRecord
 ) -> tuple[str, str] | None:
-    """(code, ``"<CODE> - <sentence>"``) when ``job`` can never run as things are (S9.1), else None."""
-    unit, demand = job.unit, job.count
-    environment_max = environment_limit(environment, unit)
-    if demand > environment_max:
-        code = SERVICE_ENVIRONMENT_MAX_RESOURCE
-        return code, (
-            f"{code} - Job needs {demand} {unit} but service environment {environment.name} "
-            f"allows at most {environment_max}"
+    """(code, ``statusReason``: ``"<CODE> - <sentence>"``) when ``job`` can never run as things are
+    (S9.1), else None."""
+    found = blocked(state, environment, share, job)
+    return None if found is None else (found[0], status_reason(found))
+
+
+def status_reason(found: Found) -> str:
+    """S9.1: ``"<CODE> - Job <needs ... but ...>"``, the text of ``statusReason``."""
+    return f"{found[0]} - Job {found[1]}"
+
+
+def blocked(
+    state: ClusterState, environment: ServiceEnvironmentSpec, share: ShareRecord, job: JobRecord
+) -> Found | None:
+    """The first bound the job's demand exceeds, with its figures and remedy; None if none."""
+    return (
+        _over_environment(environment, job) or _over_share(share, job) or _over_nodes(state, environment, job)
+    )
+
+
+def _over_environment(environment: ServiceEnvironmentSpec, job: JobRecord) -> Found | None:
+    most = environment_limit(environment, job.unit)
+    if job.count <= most:
+        return None
+    return (
+        SERVICE_ENVIRONMENT_MAX_RESOURCE,
+        f"needs {job.count} {job.unit} but service environment {environment.name} allows at most {most}",
+        f"raise service environment {environment.name}'s maxCapacity for {job.unit} to at least {job.count}",
+        most,
+    )
+
+
+def _over_share(share: ShareRecord, job: JobRecord) -> Found | None:
+    most = share_max_usage(share, job.unit)
+    if most is None or job.count <= most:
+        return None
+    name = share.key[1]
+    if share.spec.strategy is LEND_AND_BORROW:
+        fix = f"raise quota share {name}'s limit or borrowLimit so that it may hold {job.count} {job.unit}"
+    else:
+        fix = (
+            f"raise quota share {name}'s limit for {job.unit} to at least {job.count} "
+            "(or make it LEND_AND_BORROW with a borrowLimit)"
         )
-    share_max = share_max_usage(share, unit)
-    if share_max is not None and demand > share_max:
-        code = QUOTA_MANAGEMENT_LIMIT_EXCEEDED
-        return code, (
-            f"{code} - Job needs {demand} {unit} but quota share {share.key[1]} may hold at most {share_max}"
-        )
-    offered = state.pool_slots.get(environment.pool, {}).get(unit, 0)
-    if demand > offered:
-        code = INSUFFICIENT_INSTANCE_CAPACITY
-        return code, (
-            f"{code} - Job needs {demand} {unit} but the online nodes of pool {environment.pool} "
-            f"offer {offered}"
-        )
-    return None
+    needs = f"needs {job.count} {job.unit} but quota share {name} may hold at most {most}"
+    return QUOTA_MANAGEMENT_LIMIT_EXCEEDED, needs, fix, most
+
+
+def _over_nodes(state: ClusterState, environment: ServiceEnvironmentSpec, job: JobRecord) -> Found | None:
+    offered = state.pool_slots.get(environment.pool, {}).get(job.unit, 0)
+    if job.count <= offered:
+        return None
+    return (
+        INSUFFICIENT_INSTANCE_CAPACITY,
+        f"needs {job.count} {job.unit} but the online nodes of pool {environment.pool} offer {offered}",
+        f"bring nodes online (or undrain them) so that pool {environment.pool} offers at least "
+        f"{job.count} {job.unit} slots",
+        offered,
+    )
+
+
+def unblock_action(found: Found) -> str:
+    """What lets a blocked job run: a smaller demand, the code's remedy, or its end."""
+    smaller = f"resubmit it needing at most {found[3]}, " if found[3] > 0 else ""
+    return f"Terminate it, {smaller}or {found[2]}" if smaller else f"Terminate it or {found[2]}"
+
+
+def never_runnable(state: ClusterState, job: JobRecord) -> bool:
+    """Whether a queued job is blocked (S9.1), wherever it is in its share."""
+    environment = state.environment_of_queue(job.share[0])
+    return environment is not None and blocked(state, environment, state.shares[job.share], job) is not None
+
+
+# ----- recording the changes ---------------------------------------------------------------------
 
 
 def record_blocked(ctx: Context, environment: ServiceEnvironmentSpec, shares: list[ShareRecord]) -> None:
-    """Emit the changes of each share's blocked head since the last pass (a fixpoint: none twice)."""
-    state = ctx.state
+    """Emit the changes of each share's blocked jobs since the last pass (a fixpoint: none twice).
+
+    Every queued job is looked at again only after an input that may have moved a bound; otherwise
+    only the head and the jobs that entered a queue, so the cost stays independent of queue length."""
+    rescan = not all(type(event) in _BOUNDS_KEPT for event in ctx.events)
+    entered = set() if rescan else _entered(ctx.events)
     for share in shares:
-        head = state.head(share)
-        found = None
-        if head is not None and head.job_id not in state.holds:
-            found = blocked_reason(state, environment, share, head)
-        current = share.blocked
-        target = None if found is None or head is None else (head.job_id, found[0], found[1])
-        # A changed code or text of the same job is simply a new JobBlocked (evolve keeps ``since``).
-        if current is not None and (target is None or current[0] != target[0]):
-            ctx.emit(ev.JobUnblocked, job_id=current[0], job_queue=share.key[0], quota_share=share.key[1])
-        if target is not None and (current is None or current[:3] != target):
-            ctx.emit(
-                ev.JobBlocked,
-                job_id=target[0],
-                job_queue=share.key[0],
-                quota_share=share.key[1],
-                code=cast(ev.BlockedCode, target[1]),  # one of BLOCKED_CODES
-                status_reason=target[2],
-            )
+        _record_head(ctx, environment, share)
+        if rescan:
+            suspects: Iterable[str] = [*share.blocked_behind, *(key[2] for key in share.queue)]
+        else:
+            suspects = [j for j in entered if (job := ctx.state.jobs.get(j)) and job.share == share.key]
+        for job_id in suspects:
+            _record_behind(ctx, environment, share, job_id)
+
+
+def _entered(events: list[ev.SchedulerEvent]) -> set[str]:
+    """Jobs that (re)entered a queue in this input."""
+    ids = set()
+    for event in events:
+        if isinstance(event, ev.JobAccepted):
+            ids.add(event.job.job_id)
+        elif isinstance(event, ev.JobRequeued):
+            ids.add(event.job_id)
+    return ids
+
+
+def _record_head(ctx: Context, environment: ServiceEnvironmentSpec, share: ShareRecord) -> None:
+    state = ctx.state
+    head = state.head(share)
+    found = None
+    if head is not None and head.job_id not in state.holds:
+        found = blocked_reason(state, environment, share, head)
+    current = share.blocked
+    target = None if found is None or head is None else (head.job_id, found[0], found[1])
+    if current is not None and (target is None or current[0] != target[0]):
+        # The recorded head is no longer a blocked head: blocked behind the new one, or not blocked.
+        _record_behind(ctx, environment, share, current[0], was_head=True)
+    if target is not None and (current is None or current[:3] != target):
+        _emit_blocked(ctx, share, target[0], target[1], target[2])
+
+
+def _record_behind(
+    ctx: Context, environment: ServiceEnvironmentSpec, share: ShareRecord, job_id: str, was_head: bool = False
+) -> None:
+    """Record whether a job other than the share's head is blocked, if that changed (``was_head``: it
+    is recorded as the blocked head, so either record moves)."""
+    state = ctx.state
+    job = state.jobs.get(job_id)
+    queued = job is not None and job.status is RUNNABLE and state.head(share) is not job
+    found = blocked_reason(state, environment, share, job) if queued and job is not None else None
+    recorded = None if was_head else share.blocked_behind.get(job_id)
+    if found is not None and recorded != found:
+        _emit_blocked(ctx, share, job_id, found[0], found[1])
+    elif found is None and (was_head or recorded is not None):
+        ctx.emit(ev.JobUnblocked, job_id=job_id, job_queue=share.key[0], quota_share=share.key[1])
+
+
+def _emit_blocked(ctx: Context, share: ShareRecord, job_id: str, code: str, reason: str) -> None:
+    # A changed code or text of the same job is simply a new JobBlocked (evolve keeps ``since``).
+    ctx.emit(
+        ev.JobBlocked,
+        job_id=job_id,
+        job_queue=share.key[0],
+        quota_share=share.key[1],
+        code=cast(ev.BlockedCode, code),  # one of BLOCKED_CODES
+        status_reason=reason,
+    )

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuquota.core import nodes
-from gpuquota.core.blocked import TIME_LIMIT_REASON
+from gpuquota.core.blocked import TIME_LIMIT_REASON, never_runnable
 from gpuquota.core.context import Context, EventHook
 from gpuquota.core.hygiene import tag_problem, timed_units
 from gpuquota.core.outcomes import apply_report, fail_terminated, finish_share_deletion, reject, request_stop
@@ -312,7 +312,14 @@ def _submit(ctx: Context, m: inp.SubmitJob) -> bool:
     if (problem := _submission_problem(state, m)) is not None:
         return reject(ctx, m, problem, job_id=m.job.job_id)
     ctx.emit(ev.JobAccepted, job=m.job)
-    return _is_head(state, state.jobs[m.job.job_id]) or _backfill_on(ctx, m.job.job_queue)
+    job = state.jobs[m.job.job_id]
+    if _is_head(state, job) or _backfill_on(ctx, m.job.job_queue):
+        return True
+    if not never_runnable(state, job):
+        return False
+    if ctx.dirty is not None:
+        ctx.dirty.add(job.unit)  # the pass records it as blocked wherever it waits (S9.1)
+    return True
 
 
 def _is_head(state: ClusterState, job: JobRecord) -> bool:

@@ -200,6 +200,9 @@ def _forget(state: ClusterState, job: JobRecord, at: int) -> None:
         _release(state, job)
     elif job.status is RUNNABLE:
         _dequeue(state, job, at)
+        behind = state.shares[job.share].blocked_behind
+        if job.job_id in behind:
+            state.dict_pop(behind, job.job_id)
     if job.job_id in state.holds:
         state.dict_pop(state.holds, job.job_id)
     state.dict_pop(state.jobs, job.job_id)
@@ -341,6 +344,15 @@ def _tags(state: ClusterState, event: ev.JobTagsChanged) -> None:
 def _blocked(state: ClusterState, event: ev.JobBlocked) -> None:
     share = state.shares[(event.job_queue, event.quota_share)]
     current = share.blocked
+    head = state.head(share)
+    if head is None or head.job_id != event.job_id:
+        # S9.1: a blocked job behind the head; no time limit acts on it (S9.2 acts on heads).
+        if current is not None and current[0] == event.job_id:
+            share.put("blocked", None)
+        state.dict_set(share.blocked_behind, event.job_id, (event.code, event.status_reason))
+        return
+    if event.job_id in share.blocked_behind:
+        state.dict_pop(share.blocked_behind, event.job_id)
     # S9.2: a time limit counts from when the job became blocked with this code; new figures in the
     # same code's text do not restart it.
     same = current is not None and current[0] == event.job_id and current[1] == event.code
@@ -353,6 +365,8 @@ def _unblocked(state: ClusterState, event: ev.JobUnblocked) -> None:
     share = state.shares.get((event.job_queue, event.quota_share))
     if share is not None and share.blocked is not None and share.blocked[0] == event.job_id:
         share.put("blocked", None)
+    if share is not None and event.job_id in share.blocked_behind:
+        state.dict_pop(share.blocked_behind, event.job_id)
 
 
 @_handles(ev.PreemptionHoldReleased)

@@ -1,35 +1,54 @@
-"""Explanations as data: why a RUNNABLE job is not running, with the figures that decide it.
+"""Explanations as data: why a RUNNABLE job is not running, with the figures that decide it, and
+what would let it run.
 
-The reason codes, checked in this order (the first that applies is the answer):
+Theory of operation
+-------------------
+Each reason is one small rule with its own message and ``action`` (the change that would unblock the
+job, or "wait" and for what). Every figure a message prints is the one the rule decided on. The
+reason codes, checked in this order (the first that applies is the answer):
 
+- S9.1 codes (``MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE``,
+  ``MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED``, ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``)
+  for a job behind its share's head that can itself never run (``gpuquota.core.blocked``).
+- ``BEHIND_BLOCKED_HEAD``: the share's head can never run, so the share is stalled behind it.
 - ``BEHIND_SHARE_HEAD``: another job of the share is first in line (S3.2, no backfill).
 - ``WAITING_FOR_PREEMPTION``: capacity is being freed for this job by preemptions in progress (S4.3).
 - ``SERVICE_ENVIRONMENT_DISABLED``: the job queue's service environment places no jobs.
-- ``MISCONFIGURATION:SERVICE_ENVIRONMENT_MAX_RESOURCE``, ``MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED``,
-  ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``: the job is blocked (S9.1, ``gpuquota.core.blocked``):
-  it can never run as configured, or the pool's nodes do not offer enough slots; the message says so.
-- ``NO_CAPACITY_FOR_UNIT``: the pool's capacity for the job's unit is taken by other environments.
+- The S9.1 codes for the head: it can never run as configured, or the pool's nodes do not offer
+  enough slots.
+- ``NO_CAPACITY_FOR_UNIT``: the pool's slots for the job's unit are held by other environments.
 - ``WAITING_FOR_MIN_RUNTIME``: within its share's limit, but the capacity it could reclaim is held by
   jobs protected by their share's ``gpuquota:minRuntimeSeconds`` (S10.1) until ``until``.
 - ``WAITING_FOR_OWN_QUOTA``: the job is within its share's limit, but the capacity is in use and
-  nothing borrowed can be reclaimed for it; or its share may not borrow and is at its limit.
+  not enough borrowed capacity can be reclaimed for it; or its share may not borrow and the job does
+  not fit its limit.
 - ``REBORROW_BACKOFF``: the share may borrow, but not before ``until`` (S10.2).
-- ``BORROW_LIMIT_REACHED``: the share would exceed its borrow limit.
-- ``IDLE_CAPACITY_RESERVED``: capacity is free but reserved for RESERVE shares' own jobs.
-- ``NO_IDLE_CAPACITY``: the share may borrow, but nothing is idle.
-- ``NO_FREE_SLOTS``: the quota allows it, but no node has enough free slots right now.
+- ``BORROW_LIMIT_REACHED``: the share would exceed its maximum M(s,u).
+- ``IDLE_CAPACITY_RESERVED``: capacity is idle but reserved for RESERVE shares' own jobs.
+- ``NO_IDLE_CAPACITY``: the share may borrow, but not enough is idle.
+- ``NO_FREE_SLOTS``: the quota allows it, but the nodes do not have enough free slots right now.
 - ``READY``: the job fits; it will be dispatched by the next pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Final
 
-from gpuquota.core.blocked import INSUFFICIENT_INSTANCE_CAPACITY, blocked_reason
+from gpuquota.core.blocked import MISCONFIGURATION, blocked, status_reason, unblock_action
 from gpuquota.core.hygiene import MIN_RUNTIME_TAG, borrow_blocked_until, protected_until
 from gpuquota.core.quota import Figures, figures_for
-from gpuquota.core.state import ClusterState, JobRecord
-from gpuquota.wire.base import JobStatus, Strategy
+from gpuquota.core.schedule import BACKFILL_SCAN
+from gpuquota.core.state import LEND_AND_BORROW, ClusterState, JobRecord, ShareRecord
+from gpuquota.wire.base import MAX_JOB_PRIORITY, JobStatus
+
+Why = tuple[str, str, str]
+"""(reason code, message with the figures, action that would let the job run)."""
+
+READY: Final[Why] = ("READY", "The job fits and will be dispatched by the next scheduling pass", "")
+WAIT_FOR_JOBS: Final = "Wait for running jobs to finish"
+LISTED_VICTIMS: Final = 5
+"""At most this many preempted jobs are named in a ``WAITING_FOR_PREEMPTION`` message."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,8 @@ class Explanation:
     (``gpuquota.sim.estimate``: it simulates the state forward)."""
     until: int | None = None
     """Epoch ms until which the job waits for a gpuquota extension (S10), when that is the reason."""
+    action: str = ""
+    """What would let the job run (or what it waits for); empty when it is not waiting."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -69,21 +90,27 @@ def explain(state: ClusterState, job_id: str, now: int | None = None) -> Explana
     share = state.shares[job.share]
     position = share.queue.index(job.queue_key)
     head = state.head(share)
-    head_id = head.job_id if head is not None else None
     figures = figures_for(state, share, job.unit, job.count, exclude=job.job_id)
-    reason, message = _runnable_reason(state, job, position, head_id, figures)
+    if position > 0 and head is not None:
+        why = _behind(state, job, position, head)
+    else:
+        why = _head_reason(state, job, figures)
     until = None
-    if now is not None and position == 0 and figures is not None and reason in _WAIT_EXTENSIBLE:
-        reason, message, until = _hygiene_wait(state, job, figures, now) or (reason, message, None)
+    waits = None
+    if now is not None and position == 0 and figures is not None and why[0] in _WAIT_EXTENSIBLE:
+        waits = _hygiene_wait(state, job, figures, now)
+    if waits is not None:
+        why, until = waits
     return Explanation(
         job_id,
         job.status.value,
-        reason,
-        message,
+        why[0],
+        why[1],
         position,
-        head_id,
+        None if head is None else head.job_id,
         {} if figures is None else _numbers(figures),
         until=until,
+        action=why[2],
     )
 
 
@@ -101,65 +128,213 @@ def _numbers(f: Figures) -> dict[str, int | None]:
     }
 
 
-def _runnable_reason(
-    state: ClusterState, job: JobRecord, position: int, head_id: str | None, f: Figures | None
-) -> tuple[str, str]:
+# ----- jobs behind the head ----------------------------------------------------------------------
+
+
+def _behind(state: ClusterState, job: JobRecord, position: int, head: JobRecord) -> Why:
+    """A job behind its share's head: blocked itself, stalled by a blocked head, or waiting its turn."""
+    return (
+        _blocked_job(state, job)
+        or _stalled_by(state, job, position, head)
+        or _waits_turn(state, job, position, head)
+    )
+
+
+def _stalled_by(state: ClusterState, job: JobRecord, position: int, head: JobRecord) -> Why | None:
+    """S3.2: without backfill nothing passes the head, so a head that can never run stalls its share."""
+    environment = state.environment_of_queue(job.share[0])
+    if environment is None or head.job_id in state.holds:
+        return None
+    found = blocked(state, environment, state.shares[job.share], head)
+    if found is None:
+        return None
+    how = (
+        "can never start as configured"
+        if found[0].startswith(MISCONFIGURATION)
+        else "cannot start until the pool's nodes offer enough slots"
+    )
+    message = (
+        f"Quota share {job.share[1]} is blocked by job {head.job_id} (head of the share, which {how}: "
+        f"it {found[1]}); {position} job(s) ahead{_backfill_note(state, job, position)}"
+    )
+    action = _either(f"Terminate {head.job_id}", *_jump_ahead(head), found[2])
+    return "BEHIND_BLOCKED_HEAD", message, action
+
+
+def _waits_turn(state: ClusterState, job: JobRecord, position: int, head: JobRecord) -> Why:
+    message = (
+        f"{position} job(s) ahead in quota share {job.share[1]}; head is {head.job_id}"
+        f"{_backfill_note(state, job, position)}"
+    )
+    return "BEHIND_SHARE_HEAD", message, _either("Wait for the job(s) ahead to start", *_jump_ahead(head))
+
+
+def _jump_ahead(head: JobRecord) -> list[str]:
+    """S3.1: a higher priority than the head's puts the job first (none is higher than the maximum)."""
+    if head.priority >= MAX_JOB_PRIORITY:
+        return []
+    return [f"raise this job's priority above {head.job_id}'s ({head.priority})"]
+
+
+def _either(*options: str) -> str:
+    """``"a, b, or c"``."""
+    if len(options) < 3:
+        return " or ".join(options)
+    return ", ".join(options[:-1]) + ", or " + options[-1]
+
+
+def _backfill_note(state: ClusterState, job: JobRecord, position: int) -> str:
+    queue = state.queues.get(job.share[0])
+    policy = None if queue is None else state.policies.get(queue.scheduling_policy)
+    if policy is None or not policy.backfill or position > BACKFILL_SCAN:
+        return ""
+    return "; backfill lets it start before them once it fits"
+
+
+# ----- the head ----------------------------------------------------------------------------------
+
+
+def _head_reason(state: ClusterState, job: JobRecord, f: Figures | None) -> Why:
     share = state.shares[job.share]
-    if position > 0:
-        return (
-            "BEHIND_SHARE_HEAD",
-            f"{position} job(s) ahead in quota share {job.share[1]}; head is {head_id}",
-        )
     if job.job_id in state.holds:
-        victims = len(state.holds[job.job_id].victims)
-        return "WAITING_FOR_PREEMPTION", f"Waiting for {victims} preempted job(s) to stop"
+        return _waiting_for_preemption(state, job)
     if f is None or not f.environment_enabled:
-        return "SERVICE_ENVIRONMENT_DISABLED", "The job queue's service environment is missing or DISABLED"
-    if (blocked := _blocked(state, job)) is not None:
-        return blocked
+        return _environment_disabled(state, job)
+    if (found := _blocked_job(state, job)) is not None:
+        return found
     if f.capacity == 0:
-        return "NO_CAPACITY_FOR_UNIT", f"No capacity for {job.unit} in the service environment or its pool"
+        return _no_capacity_for_unit(state, job)
     if f.in_quota and not f.within_capacity:
-        return "WAITING_FOR_OWN_QUOTA", (
-            f"Within quota ({f.share_usage}+{f.demand} <= {f.share_limit}) but the pool is full "
-            f"({f.usage} used + {f.reserved_idle} reserved of {f.capacity}) "
-            "and nothing borrowed can be reclaimed"
-        )
-    if not f.in_quota and share.spec.strategy is not Strategy.LEND_AND_BORROW:
-        return "WAITING_FOR_OWN_QUOTA", (
-            f"Share {job.share[1]} ({share.spec.strategy.value}) is at its limit "
-            f"({f.share_usage}/{f.share_limit}) and may not borrow"
-        )
+        return _pool_full(share, f)
+    if not f.in_quota and share.spec.strategy is not LEND_AND_BORROW:
+        return _may_not_borrow(share, f)
     if not f.within_share_max:
-        return (
-            "BORROW_LIMIT_REACHED",
-            f"Share usage {f.share_usage}+{f.demand} would exceed its maximum {f.share_max}",
-        )
+        return _borrow_limit(share, f)
     if not f.within_capacity:
-        if f.usage + f.demand <= f.capacity:
-            return (
-                "IDLE_CAPACITY_RESERVED",
-                f"{f.reserved_idle} idle instance(s) are reserved by RESERVE shares",
-            )
-        return "NO_IDLE_CAPACITY", f"No idle capacity to borrow ({f.usage} used of {f.capacity})"
+        return _idle_reserved(f) if f.usage + f.demand <= f.capacity else _no_idle(f)
     if not f.placeable:
-        return "NO_FREE_SLOTS", f"Needs {f.demand} free slots; {f.free_slots} free on usable nodes"
-    return "READY", "The job fits and will be dispatched by the next scheduling pass"
+        return _no_free_slots(f)
+    return READY
 
 
-def _blocked(state: ClusterState, job: JobRecord) -> tuple[str, str] | None:
-    """S9.1: a head job that cannot run however long it waits; the advice says so (not "wait")."""
+def _blocked_job(state: ClusterState, job: JobRecord) -> Why | None:
+    """S9.1: a job that cannot run however long it waits; its reason is its ``statusReason``."""
     environment = state.environment_of_queue(job.share[0])
     if environment is None:
         return None
-    found = blocked_reason(state, environment, state.shares[job.share], job)
+    found = blocked(state, environment, state.shares[job.share], job)
     if found is None:
         return None
-    code, text = found
-    if code == INSUFFICIENT_INSTANCE_CAPACITY:
-        return code, f"{text}. It runs once nodes offering enough slots are online (or lower its demand)"
-    return code, f"{text}. It can never run as configured: lower its demand or raise the limit"
+    return found[0], status_reason(found), unblock_action(found)
 
+
+def _waiting_for_preemption(state: ClusterState, job: JobRecord) -> Why:
+    victims = sorted(state.holds[job.job_id].victims)
+    if not victims:
+        return (
+            "WAITING_FOR_PREEMPTION",
+            "Its preempted jobs have stopped",
+            "Wait for the next scheduling pass",
+        )
+    named = ", ".join(victims[:LISTED_VICTIMS]) + (", ..." if len(victims) > LISTED_VICTIMS else "")
+    return (
+        "WAITING_FOR_PREEMPTION",
+        f"Waiting for {len(victims)} preempted job(s) to stop: {named}",
+        "Wait: preempted jobs stop within their nodes' grace period",
+    )
+
+
+def _environment_disabled(state: ClusterState, job: JobRecord) -> Why:
+    queue_name = job.share[0]
+    queue = state.queues.get(queue_name)
+    name = "" if queue is None else queue.service_environment
+    if name not in state.environments:
+        return (
+            "SERVICE_ENVIRONMENT_DISABLED",
+            f"Service environment {name} of job queue {queue_name} does not exist",
+            f"Attach job queue {queue_name} to an existing service environment",
+        )
+    return (
+        "SERVICE_ENVIRONMENT_DISABLED",
+        f"Service environment {name} of job queue {queue_name} is DISABLED",
+        f"Enable service environment {name}",
+    )
+
+
+def _no_capacity_for_unit(state: ClusterState, job: JobRecord) -> Why:
+    """C(e,u) = 0 for a job that is not blocked: the pool offers enough slots, but other
+    environments' jobs hold all of them (S2.1)."""
+    environment = state.environments[state.queues[job.share[0]].service_environment]
+    slots = state.pool_slots.get(environment.pool, {}).get(job.unit, 0)
+    return (
+        "NO_CAPACITY_FOR_UNIT",
+        f"All {slots} {job.unit} slots of pool {environment.pool} are held by jobs of other service "
+        "environments",
+        f"Wait for them to finish, or give job queue {job.share[0]} a higher priority than their queues' "
+        "(environments sharing a pool are served in that order)",
+    )
+
+
+def _pool_full(share: ShareRecord, f: Figures) -> Why:
+    others_reserved = f.reserved_idle - f.own_reserved_idle
+    free = max(0, f.capacity - f.usage - others_reserved)
+    return (
+        "WAITING_FOR_OWN_QUOTA",
+        f"Within quota share {share.key[1]}'s limit ({f.share_usage} in use + {f.demand} needed <= "
+        f"{f.share_limit}), but only {free} of the {f.capacity} {f.unit} are free for it ({f.usage} in use, "
+        f"{others_reserved} reserved by other RESERVE shares) and not enough borrowed capacity can be "
+        "reclaimed",
+        WAIT_FOR_JOBS,
+    )
+
+
+def _may_not_borrow(share: ShareRecord, f: Figures) -> Why:
+    return (
+        "WAITING_FOR_OWN_QUOTA",
+        f"Quota share {share.key[1]} ({share.spec.strategy.value}) may not borrow, and the job does not "
+        f"fit its limit: {f.share_usage} in use + {f.demand} needed > {f.share_limit}",
+        f"Wait until the share's jobs use at most {f.share_limit - f.demand} {f.unit}, or raise its limit",
+    )
+
+
+def _borrow_limit(share: ShareRecord, f: Figures) -> Why:
+    most = f.share_max or 0  # bounded here: an unbounded share is always within its maximum
+    return (
+        "BORROW_LIMIT_REACHED",
+        f"Quota share {share.key[1]} may hold at most {most} {f.unit} (limit {f.share_limit}, "
+        f"borrowLimit {share.spec.borrow_limit}%): {f.share_usage} in use + {f.demand} needed > {most}",
+        f"Wait until the share's jobs use at most {most - f.demand} {f.unit}, or raise its borrowLimit",
+    )
+
+
+def _idle_reserved(f: Figures) -> Why:
+    return (
+        "IDLE_CAPACITY_RESERVED",
+        f"{f.capacity - f.usage} of the {f.capacity} {f.unit} are idle, but RESERVE shares reserve "
+        f"{f.reserved_idle} for their own jobs; borrowing {f.demand} would take reserved capacity",
+        "Wait: reserved capacity is never lent",
+    )
+
+
+def _no_idle(f: Figures) -> Why:
+    return (
+        "NO_IDLE_CAPACITY",
+        f"Not enough idle capacity to borrow: {max(0, f.capacity - f.usage)} of the {f.capacity} "
+        f"{f.unit} idle, it needs {f.demand}",
+        WAIT_FOR_JOBS,
+    )
+
+
+def _no_free_slots(f: Figures) -> Why:
+    return (
+        "NO_FREE_SLOTS",
+        f"Needs {f.demand} free {f.unit} slots at once; {f.free_slots} free for it on the pool's online, "
+        "non-draining nodes",
+        "Wait for running and stopping jobs to free their slots, or add nodes",
+    )
+
+
+# ----- S10 extensions ----------------------------------------------------------------------------
 
 _WAIT_EXTENSIBLE = frozenset(
     {"WAITING_FOR_OWN_QUOTA", "BORROW_LIMIT_REACHED", "IDLE_CAPACITY_RESERVED", "NO_IDLE_CAPACITY", "READY"}
@@ -167,14 +342,15 @@ _WAIT_EXTENSIBLE = frozenset(
 """Reasons behind which an S10 extension may be what the job really waits for."""
 
 
-def _hygiene_wait(state: ClusterState, job: JobRecord, f: Figures, now: int) -> tuple[str, str, int] | None:
+def _hygiene_wait(state: ClusterState, job: JobRecord, f: Figures, now: int) -> tuple[Why, int] | None:
     """S10: the job waits for a protected victim's minimum runtime, or for its share's backoff."""
     share = state.shares[job.share]
     if not f.in_quota:
         until = borrow_blocked_until(share, now)
         if until is None:
             return None
-        return "REBORROW_BACKOFF", f"Quota share {job.share[1]} may not borrow again until {until}", until
+        message = f"Quota share {job.share[1]} may not borrow again until {until}"
+        return ("REBORROW_BACKOFF", message, "Wait for the share's reborrow backoff to end"), until
     if f.within_capacity:
         return None
     protected = [
@@ -188,8 +364,5 @@ def _hygiene_wait(state: ClusterState, job: JobRecord, f: Figures, now: int) -> 
     if not protected:
         return None
     until = min(protected)
-    return (
-        "WAITING_FOR_MIN_RUNTIME",
-        f"The capacity it could reclaim is protected by {MIN_RUNTIME_TAG} until {until}",
-        until,
-    )
+    message = f"The capacity it could reclaim is protected by {MIN_RUNTIME_TAG} until {until}"
+    return ("WAITING_FOR_MIN_RUNTIME", message, "Wait for the protected jobs' minimum runtime to end"), until

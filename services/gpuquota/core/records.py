@@ -216,6 +216,7 @@ class ShareRecord(Mutable):
         "_limits",
         "backoff",
         "blocked",
+        "blocked_behind",
         "deleting",
         "dispatched",
         "head_since",
@@ -243,6 +244,8 @@ class ShareRecord(Mutable):
         """(job id, since when) of the job at the head of this share."""
         self.blocked: Blocked | None = None
         """The head job recorded as blocked (S9.1), its code, status reason and since when (S9.2)."""
+        self.blocked_behind: dict[str, tuple[str, str]] = {}
+        """Queued jobs other than the head recorded as blocked (S9.1): job id -> (code, status reason)."""
         self.backoff: tuple[int, int, int] | None = None
         """S10.2 reborrow backoff: (may borrow again at, current length, last reclaim) in ms."""
         self._limits: tuple[QuotaShareSpec, dict[str, int]] | None = None

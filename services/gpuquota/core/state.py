@@ -176,6 +176,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             sorted((u, tuple(keys)) for u, keys in s.victims.items()),
             s.head_since,
             s.blocked,
+            sorted(s.blocked_behind.items()),
             s.backoff,
         )
         for key, s in sorted(state.shares.items())

@@ -425,6 +425,8 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
     explanation = data.get("explanation")
     if explanation is not None:
         lines += ["", f"{style('Why', 'bold')}: {explanation['reason']}", f"  {explanation['message']}"]
+        if explanation.get("action"):
+            lines.append(f"  {style('What helps', 'bold')}: {explanation['action']}")
         if explanation.get("until"):
             lines.append(f"  until {render.when(explanation['until'])}")
         if explanation.get("position"):

@@ -44,6 +44,7 @@ def explain(gw: Context, explainer: Explainer | None, ref: str) -> dict[str, Any
         out["explanation"] = {
             "reason": found.reason,
             "message": found.message,
+            "action": found.action,
             "position": found.position,
             "shareHead": found.share_head,
             "shareHeadName": None if head is None else head.spec.job_name,

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
-Priority = Annotated[int, Field(ge=0, le=9999)]
+MAX_JOB_PRIORITY = 9999
+Priority = Annotated[int, Field(ge=0, le=MAX_JOB_PRIORITY)]
 """A job's ``schedulingPriority`` (higher runs first)."""
 QueuePriority = Annotated[int, Field(ge=0, le=1000)]
 """A job queue's ``priority``."""

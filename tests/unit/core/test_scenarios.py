@@ -606,7 +606,7 @@ CASES: dict[str, Case] = {
         # big can never fit QS1 (limit 1, LEND): blocked at the head, its clock starts now.
         Round([do.submit(job("big").needs(2).priority(5)), do.elapse(59_000)],
               want_status={"big": RUNNABLE, "a2": RUNNABLE},
-              want_reason={"big": QUOTA_LIMIT, "a2": "BEHIND_SHARE_HEAD"},
+              want_reason={"big": QUOTA_LIMIT, "a2": "BEHIND_BLOCKED_HEAD"},
               want=[expect.blocked("big", QUOTA_LIMIT)]),
         Round([do.elapse(2_000)], want_status={"big": FAILED, "a2": RUNNABLE, "a1": RUNNING},
               want=[expect.reason("big", TIME_LIMIT_REASON.format(code=QUOTA_LIMIT)),
