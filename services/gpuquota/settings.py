@@ -35,7 +35,8 @@ GPUQUOTA_ALLOWED_HOSTS         names the API answers to besides its bind address
                                localhost: ``gw.example,.example.com`` (a domain), ``*``
 GPUQUOTA_ALLOWED_ORIGINS       web origins whose pages may call the API (a proxy's),    gateway
                                ``https://gw.example`` (default: only its own)
-GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643``;      gateway
+GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643`` or    gateway
+                               ``http://{address}:8643`` (a node's advertised address);
                                unset: ``gpuquota jobs logs`` is unavailable
 GPUQUOTA_LOGS_PORT             serve this node's attempt logs over HTTP on this port    node-agent
                                (0 or unset: no log server)
@@ -351,6 +352,15 @@ class GatewaySettings(_DatabaseSettings):
     node_token_file: Path | None = None
     allowed_hosts: str = ""
     allowed_origins: str = ""
+
+    @field_validator("node_logs_url")
+    @classmethod
+    def _check_logs_url(cls, value: str) -> str:
+        try:
+            value.format(node_id="node", address="address")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("the only fields are {node_id} and {address}") from None
+        return value
 
 
 class SchedulerSettings(_DatabaseSettings):

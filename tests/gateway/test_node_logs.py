@@ -37,3 +37,30 @@ async def test_log_server_and_http_logs(tmp_path: Path) -> None:
     unreachable = HttpLogs(f"http://{{node_id}}:{free_port()}")
     with pytest.raises(ClientException, match="cannot read the log from node 127.0.0.1"):
         await unreachable.read("127.0.0.1", "job#1", 0, 100)
+
+
+async def test_http_logs_reach_a_node_at_its_advertised_address(tmp_path: Path) -> None:
+    """On Kubernetes a node id is the machine's name, not the agent's pod: ``{address}`` is what the node
+    registered with (its pod IP); a node that advertised none is named by its id."""
+    log_path(tmp_path, "job#1").parent.mkdir(parents=True)
+    log_path(tmp_path, "job#1").write_bytes(b"from the pod")
+    server = LogServer(tmp_path, "127.0.0.1", 0)
+    await server.start()
+    try:
+        logs = HttpLogs(f"http://{{address}}:{server.port}")
+        unresolvable = "gpu-machine-7.invalid"
+        assert await logs.read(unresolvable, "job#1", 0, 100, address="127.0.0.1") == b"from the pod"
+        assert await logs.read("127.0.0.1", "job#1", 0, 100) == b"from the pod"  # no address: its id
+        with pytest.raises(ClientException, match=f"cannot read the log from node {unresolvable}"):
+            await logs.read(unresolvable, "job#1", 0, 100)
+    finally:
+        await server.stop()
+
+
+def test_a_logs_url_with_an_unknown_field_is_refused_at_start() -> None:
+    from gpuquota.settings import GatewaySettings, SettingsError
+
+    env = {"GPUQUOTA_KAFKA": "k:9092", "GPUQUOTA_DATABASE_URL": "postgresql://h/db"}
+    assert GatewaySettings.from_env({**env, "GPUQUOTA_NODE_LOGS_URL": "http://{address}:8643"})
+    with pytest.raises(SettingsError, match="GPUQUOTA_NODE_LOGS_URL: .*only fields are"):
+        GatewaySettings.from_env({**env, "GPUQUOTA_NODE_LOGS_URL": "http://{pod_ip}:8643"})

@@ -6,7 +6,9 @@
 - ``GET /gpuquota/v1/jobs/{job}/logs?attempt=N&offset=K`` answers a piece of an attempt's log,
   read from its node by a :class:`LogReader`: :class:`LocalLogs` opens the node's file (embedded
   mode, where the agents share the gateway's disk), :class:`HttpLogs` asks the node agent's log
-  server (distributed mode, ``gpuquota.node_agent.logs``).
+  server (distributed mode, ``gpuquota.node_agent.logs``) at the URL ``GPUQUOTA_NODE_LOGS_URL``
+  makes of the node's id (``{node_id}``) or of the address it advertised when it registered
+  (``{address}``: the pod IP on Kubernetes, where a node id names no pod).
 
 Install with ``NodeRoutes(gateway, logs).install()`` before ``gateway.app()``.
 """
@@ -35,8 +37,11 @@ NODE_LOGS_TIMEOUT = 10.0
 
 
 class LogReader(Protocol):
-    async def read(self, node_id: str, attempt_id: str, offset: int, limit: int) -> bytes | None:
-        """At most ``limit`` bytes of the attempt's log from ``offset``; ``None`` if there is none."""
+    async def read(
+        self, node_id: str, attempt_id: str, offset: int, limit: int, *, address: str = ""
+    ) -> bytes | None:
+        """At most ``limit`` bytes of the attempt's log from ``offset``; ``None`` if there is none.
+        ``address``: the node's advertised address (empty when it advertised none)."""
         ...
 
 
@@ -46,21 +51,30 @@ class LocalLogs:
     def __init__(self, work_dir: Callable[[str], Path | None]) -> None:
         self.work_dir = work_dir
 
-    async def read(self, node_id: str, attempt_id: str, offset: int, limit: int) -> bytes | None:
+    async def read(
+        self, node_id: str, attempt_id: str, offset: int, limit: int, *, address: str = ""
+    ) -> bytes | None:
         directory = self.work_dir(node_id)
         return None if directory is None else read_log(log_path(directory, attempt_id), offset, limit)
 
 
 class HttpLogs:
-    """Logs served by each node agent's log server; ``url`` names it, e.g. ``http://{node_id}:8643``;
-    ``token``, the node token (``gpuquota.exposure``), is sent as a bearer token."""
+    """Logs served by each node agent's log server; ``url`` names it, e.g. ``http://{node_id}:8643`` or
+    ``http://{address}:8643``; ``token``, the node token (``gpuquota.exposure``), is sent as a bearer
+    token. ``GatewaySettings`` refuses a template with other fields at start."""
 
     def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
         self.headers = {} if token is None else bearer(token)
 
-    async def read(self, node_id: str, attempt_id: str, offset: int, limit: int) -> bytes | None:
-        base = self.url.format(node_id=node_id).rstrip("/")
+    def base(self, node_id: str, address: str) -> str:
+        """The node's log server; a node that advertised no address is named by its id."""
+        return self.url.format(node_id=node_id, address=address or node_id).rstrip("/")
+
+    async def read(
+        self, node_id: str, attempt_id: str, offset: int, limit: int, *, address: str = ""
+    ) -> bytes | None:
+        base = self.base(node_id, address)
         url = f"{base}/logs/{urllib.parse.quote(attempt_id, safe='')}"
         timeout = aiohttp.ClientTimeout(total=NODE_LOGS_TIMEOUT)
         try:
@@ -177,7 +191,9 @@ class NodeRoutes:
         ended = view.stopped_at is not None or job.terminal
         data = b""
         if nodes and self.logs is not None:
-            data = await self.logs.read(nodes[0], view.attempt_id, start, MAX_CHUNK) or b""
+            node = self.gateway.rm.nodes.nodes.get(nodes[0])
+            address = "" if node is None else node.address
+            data = await self.logs.read(nodes[0], view.attempt_id, start, MAX_CHUNK, address=address) or b""
         elif self.logs is None:
             raise ClientException("This gateway cannot read node logs (see docs/distributed.md)")
         final = ended and len(data) < MAX_CHUNK
