@@ -26,11 +26,17 @@
 #   KAFKA_SASL_USER      the SCRAM user created at format time, also used between the broker and
 #                        itself (default admin)
 #   KAFKA_SASL_PASSWORD  its password (default: a random one); letters, digits and ._~+- only
+#   KAFKA_SASL_USERS     more SCRAM users, space-separated (e.g. "gateway scheduler node events"),
+#                        each with a random password in $KAFKA_RUN_DIR/sasl-password-<user>
+#   KAFKA_ACLS           "1" (with KAFKA_SASL=scram): ACLs are enforced (StandardAuthorizer; no ACL
+#                        means no access); KAFKA_SASL_USER is a super user, and so is the controller
+#                        listener's ANONYMOUS, which only this JVM reaches on 127.0.0.1
 #
 # After a successful start, $KAFKA_RUN_DIR/bootstrap holds "127.0.0.1:PORT". With SASL, also
 # $KAFKA_RUN_DIR/sasl-password (the password, mode 600) and $KAFKA_RUN_DIR/client.env, the GPUQUOTA_*
 # variables of a client (KEY=VALUE lines: `set -a; . "$KAFKA_RUN_DIR/client.env"; set +a`). The
 # controller listener stays PLAINTEXT on 127.0.0.1 (KRaft combined mode: only this JVM uses it).
+# $KAFKA_RUN_DIR/admin.properties is a Kafka CLI client config of that user (--command-config).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -45,6 +51,8 @@ GC="${KAFKA_GC_OPTS:--XX:+UseSerialGC}"
 JIT="${KAFKA_JIT_OPTS--XX:TieredStopAtLevel=1}"
 SASL="${KAFKA_SASL:-}"
 SASL_USER="${KAFKA_SASL_USER:-admin}"
+SASL_USERS="${KAFKA_SASL_USERS:-}"
+ACLS="${KAFKA_ACLS:-}"
 SASL_MECHANISM=SCRAM-SHA-512
 
 log() { echo "kafka.sh: $*" >&2; }
@@ -196,6 +204,10 @@ start() {
   if [ "$SASL" = scram ]; then
     sasl_configure "$port" "$cport"
     scram=(--add-scram "$SASL_MECHANISM=[name=$SASL_USER,password=$(cat "$RUN_DIR/sasl-password")]")
+    local user
+    for user in $SASL_USERS; do
+      scram+=(--add-scram "$SASL_MECHANISM=[name=$user,password=$(cat "$RUN_DIR/sasl-password-$user")]")
+    done
   fi
 
   local logopts=(-Dlog4j2.configurationFile="$KCONF/log4j2.properties" -Dkafka.logs.dir="$RUN_DIR/logs")
@@ -261,6 +273,24 @@ sasl.enabled.mechanisms=$SASL_MECHANISM
 sasl.mechanism.inter.broker.protocol=$SASL_MECHANISM
 listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$SASL_USER" password="$password";
 EOF_SASL
+  local user
+  for user in $SASL_USERS; do
+    [[ "$user" =~ ^[A-Za-z0-9._-]+$ ]] || die "KAFKA_SASL_USERS: letters, digits and ._- only, not '$user'"
+    (umask 077 && python3 -c 'import secrets; print(secrets.token_urlsafe(18))' >"$RUN_DIR/sasl-password-$user")
+  done
+  if [ "$ACLS" = 1 ]; then
+    cat >>"$RUN_DIR/server.properties" <<EOF_ACLS
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:$SASL_USER;User:ANONYMOUS
+EOF_ACLS
+  fi
+  (umask 077 && cat >"$RUN_DIR/admin.properties" <<EOF_ADMIN
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=$SASL_MECHANISM
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$SASL_USER" password="$password";
+EOF_ADMIN
+  )
   cat >"$RUN_DIR/client.env" <<EOF_ENV
 GPUQUOTA_KAFKA=127.0.0.1:$port
 GPUQUOTA_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT
@@ -307,7 +337,8 @@ stop() {
     data="$(cat "$RUN_DIR/datadir")"
     case "$data" in */gpuquota-kafka.*) rm -rf "$data" ;; esac
   fi
-  rm -f "$RUN_DIR/kafka.pid" "$RUN_DIR/bootstrap" "$RUN_DIR/datadir" "$RUN_DIR/sasl-password" "$RUN_DIR/client.env"
+  rm -f "$RUN_DIR/kafka.pid" "$RUN_DIR/bootstrap" "$RUN_DIR/datadir" "$RUN_DIR/sasl-password" \
+    "$RUN_DIR"/sasl-password-* "$RUN_DIR/client.env" "$RUN_DIR/admin.properties"
 }
 
 status() {

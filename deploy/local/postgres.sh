@@ -2,7 +2,8 @@
 # Throwaway PostgreSQL cluster for tests, from Debian's postgresql package.
 #
 #   deploy/local/postgres.sh start   initdb into a temp dir, start on a free 127.0.0.1 port, create
-#                                    role+database; prints "postgres ready on 127.0.0.1:PORT in N.Ns"
+#                                    role+database (the role may create roles: tests of least-privilege
+#                                    roles); prints "postgres ready on 127.0.0.1:PORT in N.Ns"
 #   deploy/local/postgres.sh stop    pg_ctl stop -m fast, remove the temp dir
 #   deploy/local/postgres.sh status  exit 0 and print the URL if running, else exit 1
 #
@@ -133,7 +134,7 @@ EOF
     die "pg_ctl start failed"
   fi
   as_owner "$bin/psql" -q -v ON_ERROR_STOP=1 -h "$base/sock" -p "$port" -U postgres -d postgres \
-    -c "CREATE ROLE \"$PGUSER_NAME\" LOGIN PASSWORD '$PGPASS'" \
+    -c "CREATE ROLE \"$PGUSER_NAME\" LOGIN CREATEROLE PASSWORD '$PGPASS'" \
     -c "CREATE DATABASE \"$PGDB\" OWNER \"$PGUSER_NAME\"" >&2 \
     || { stop; die "could not create role/database"; }
   url="postgresql://$PGUSER_NAME:$PGPASS@127.0.0.1:$port/$PGDB"

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 Headers = list[tuple[str, bytes]]
 
 _TOPIC_ALREADY_EXISTS = 36
+_TOPIC_AUTHORIZATION_FAILED = 29
 
 
 class _Prefixed:
@@ -120,7 +121,9 @@ async def ensure_topics(
 ) -> None:
     """Create the deployment's topics as the catalogue describes them; existing ones are kept.
 
-    ``partitions`` overrides the catalogue's partition count (not the dead-letter topic's).
+    ``partitions`` overrides the catalogue's partition count (not the dead-letter topic's). A topic
+    this client may not create (Kafka ACLs: the broker refuses even when it exists) is left to the
+    operator, who creates the topics beforehand (docs/operations.md), and not waited for.
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap), **client_options(security))
     await admin.start()
@@ -135,11 +138,16 @@ async def ensure_topics(
             for name, spec in topics.catalogue()
         ]
         response = await admin.create_topics(new)
+        ours: list[str] = []
         for topic_error in response.topic_errors:
             name, code = topic_error[0], topic_error[1]
-            if code not in (0, _TOPIC_ALREADY_EXISTS):
+            if code == _TOPIC_AUTHORIZATION_FAILED:
+                log.info("Kafka topic %s: no permission to create it; it must exist already", name)
+            elif code not in (0, _TOPIC_ALREADY_EXISTS):
                 raise RuntimeError(f"cannot create Kafka topic {name}: error {code} {topic_error[2:]}")
-        await _wait_for_leaders(admin, [topic.name for topic in new])
+            else:
+                ours.append(name)
+        await _wait_for_leaders(admin, ours)
     finally:
         await admin.close()
 

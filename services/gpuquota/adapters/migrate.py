@@ -89,8 +89,9 @@ async def apply_migrations(conn: Any, migrations: Sequence[Migration] | None = N
     applied_now: list[int] = []
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:
-        await conn.execute(_CREATE_TABLE)
         done = set(await applied_versions(conn))
+        if not done:  # only then: a role without CREATE (operations.md) can start on a migrated database
+            await conn.execute(_CREATE_TABLE)
         unknown = sorted(done - known)
         if unknown:
             raise MigrationError(
