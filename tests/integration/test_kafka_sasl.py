@@ -332,3 +332,35 @@ async def visible_topics(env: dict[str, str], topics: KafkaTopics) -> set[str]:
         await admin.close()
     assert {t["error_code"] for t in described} <= {0, 29}, described
     return {t["topic"] for t in described if t["error_code"] == 0}
+
+
+async def test_gpuquota_up_distributed_over_sasl(broker: Broker, database_url: str, tmp_path: Path) -> None:
+    """``gpuquota up --kafka``: the one-process stack reads the same ``GPUQUOTA_KAFKA_*`` variables."""
+    run, port = uuid.uuid4().hex[:8], free_port()
+    env = {**broker.admin_env, "GPUQUOTA_TOPIC_PREFIX": f"sasl-up-{run}.", "GPUQUOTA_POOL": f"p-{run}"}
+    up = ServiceProcess(
+        "up", env, tmp_path / "up.log",
+        args=[
+            "--kafka", env.pop("GPUQUOTA_KAFKA"), "--database-url", database_url, "--port", str(port),
+            "--runtime", "simulated", "--data-dir", str(tmp_path / "data"),
+        ],
+    )  # fmt: skip
+    try:
+        await up.start()
+        batch = batch_client(f"http://127.0.0.1:{port}")
+        await asyncio.to_thread(worked_example, batch)
+        sim = payload(Environment={"GPUQUOTA_SIM_DURATION_SECONDS": "0.2"})
+        job_id = await asyncio.to_thread(submit, batch, "train", "QS1", serviceRequestPayload=sim)
+
+        async def succeeded() -> bool:
+            return await asyncio.to_thread(status, batch, job_id) == "SUCCEEDED"
+
+        await wait_until(succeeded, 30, "the job to succeed under gpuquota up over SASL")
+        assert await up.stop() == 0
+        password = Path(broker.admin_env["GPUQUOTA_KAFKA_SASL_PASSWORD_FILE"]).read_text().strip()
+        assert password not in up.tail(10_000_000)
+    except BaseException:
+        print(up.tail())
+        raise
+    finally:
+        await up.kill()
