@@ -136,6 +136,9 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "completion": _completion_arguments,
     "gateway": _gateway_arguments,
+#: the long-running services: their process ends as soon as they have stopped (``startup.exit_process``)
+SERVICES = frozenset({"gateway", "scheduler", "node-agent", "up"})
+
     "scheduler": _scheduler_arguments,
     "node-agent": _imported("gpuquota.entrypoints.node_agent", "configure"),
     "up": _imported("gpuquota.entrypoints.embedded", "configure_up"),
@@ -191,7 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     args = parse(parser, argv)
     _, handler = COMMANDS[args.command]
-    return handler(args)
+    code = handler(args)
+    if argv is None and args.command in SERVICES:  # the process's own command line: it ends here
+        from gpuquota.observe.startup import exit_process
+
+        exit_process(code)  # stopped and flushed: skip the interpreter's teardown (a slow exit)
+    return code
 
 
 if __name__ == "__main__":

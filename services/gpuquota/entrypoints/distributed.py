@@ -41,7 +41,7 @@ from gpuquota.node_agent.kafka_link import KafkaNodeLink
 from gpuquota.node_agent.logs import LogServer
 from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
 from gpuquota.observe.services import scheduler_ops
-from gpuquota.observe.startup import run_service, wait_for_dependencies, warn_unknown_variables
+from gpuquota.observe.startup import drain, run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.scheduler.loop import GC_THRESHOLDS
@@ -314,7 +314,8 @@ async def serve(
 ) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until ``failed`` resolves to an error (exit 1).
 
-    ``ready`` (a line, or a function giving it once started) is printed when ``start`` returns.
+    ``ready`` (a line, or a function giving it once started) is printed when ``start`` returns. A stop
+    that takes long logs what it waits for (``startup.drain``).
     """
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -333,7 +334,7 @@ async def serve(
     finally:
         for waiter in waiters:
             waiter.cancel()
-        await stop()
+        await drain(stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 

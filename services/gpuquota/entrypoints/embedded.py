@@ -41,7 +41,7 @@ from gpuquota.node_agent.slots import node_slot_groups
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
-from gpuquota.observe.startup import run_loop, warn_unknown_variables
+from gpuquota.observe.startup import drain, run_loop, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
@@ -345,6 +345,6 @@ async def _serve(stack: EmbeddedStack) -> None:
             raise SchedulerFailed(str(failed.result()))
         failed.cancel()
     finally:
-        await stack.stop()
+        await drain(stack.stop)  # a slow stop logs what it waits for
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

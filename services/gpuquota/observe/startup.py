@@ -6,18 +6,27 @@ Kafka or PostgreSQL at start-up used to end in a long traceback: :func:`wait_for
 with back-off, saying so in one line per try, and :func:`run_service` turns a dependency that stays
 unreachable into one line on stderr naming the address and exit code :data:`EXIT_UNREACHABLE`, without
 a traceback.
+
+Shutdown: a service's stop is one ``await`` (:func:`drain`); one that takes longer than
+:data:`SLOW_DRAIN_SECONDS` logs what it waits for (the chain of awaits it is parked in: an append
+being written, an HTTP request being answered), again every second. Once it has drained, the process
+ends at once (:func:`exit_process`): the interpreter's own teardown, which frees every module and
+object one by one, took 0.2-1.2 s of an idle service's exit on a loaded 2-core machine, and grows
+with the state in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import logging
+import os
 import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from gpuquota.settings import ENV_PREFIX, SERVICE_SETTINGS
@@ -25,6 +34,9 @@ from gpuquota.settings import ENV_PREFIX, SERVICE_SETTINGS
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+SLOW_DRAIN_SECONDS = 0.5
+"""A stop that takes longer than this says what it waits for (an idle service stops in milliseconds)."""
 
 EXIT_UNREACHABLE = 3
 """A dependency (Kafka, PostgreSQL) stayed unreachable at start-up (2 is a configuration error)."""
@@ -194,3 +206,71 @@ def _is_connection_error(exc: BaseException) -> bool:
     """aiokafka's and the event store's connection errors (not imported here: optional at import time)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & {"KafkaConnectionError", "TransientStoreError", "NoBrokersAvailable"})
+
+
+# ----- shutdown -----------------------------------------------------------------------------------
+
+
+async def drain(stop: Callable[[], Awaitable[None]], every: float = 1.0) -> None:
+    """``await stop()``; past :data:`SLOW_DRAIN_SECONDS`, and then every ``every`` seconds, log what it
+    is waiting for (:func:`waits`)."""
+    began = time.monotonic()
+    stopping = asyncio.ensure_future(stop())
+    wait = SLOW_DRAIN_SECONDS
+    while not (await asyncio.wait({stopping}, timeout=wait))[0]:
+        log.warning("still stopping after %.1f s: %s", time.monotonic() - began, waits(stopping))
+        wait = every
+    stopping.result()
+
+
+def waits(stopping: asyncio.Future[Any]) -> str:
+    """What a slow stop waits for: where it is parked, and where the other tasks of this code are (a
+    request being answered, an append being written, a loop not yet cancelled), at most eight."""
+    here = asyncio.current_task()
+    others = (t for t in asyncio.all_tasks() if t is not stopping and t is not here and not t.done())
+    busy = sorted(f"{task.get_name()} ({chain})" for task in others if (chain := awaiting(task, ours=True)))
+    text = f"waiting for {awaiting(stopping)}"
+    return text + (f"; other tasks: {'; '.join(busy[:8])}" if busy else "")
+
+
+def awaiting(task: asyncio.Future[Any], *, ours: bool = False) -> str:
+    """Where ``task`` is parked: the chain of coroutines it awaits, innermost last, through the tasks
+    it awaits (``EmbeddedStack.stop > SchedulerShell.stop > task shell-batches: ...``). With ``ours``,
+    only the steps in gpuquota's own modules and the innermost one ("" if none is ours)."""
+    steps: list[str] = []
+    mine = False
+    skipped = ""  # the last step left out (with ``ours``): the one that awaits the future, if any
+    awaited: Any = task.get_coro() if isinstance(task, asyncio.Task) else task
+    while awaited is not None and len(steps) < 40:
+        if isinstance(awaited, asyncio.Task):
+            steps.append(f"task {awaited.get_name()}:")
+            awaited = awaited.get_coro()
+            continue
+        code = getattr(awaited, "cr_code", None) or getattr(awaited, "gi_code", None)
+        if code is None:  # a future: the step before is what waits on it (``wait_for``, ``sleep``)
+            steps.extend(filter(None, (skipped, type(awaited).__name__)))
+            break
+        inner = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        own = _OWN_CODE in code.co_filename
+        mine = mine or own
+        skipped = "" if own or not ours else code.co_qualname
+        if not skipped:
+            steps.append(code.co_qualname)
+        awaited = inner
+    return " > ".join(steps) if mine or not ours else ""
+
+
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory of the ``gpuquota`` package: where a frame of this code comes from."""
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code`` now, once its service has stopped: what it owns is closed (the
+    event log committed and closed, the agents' records written, the brokers' clients stopped), so
+    the interpreter's teardown would only delay the exit. Logs and standard streams are flushed;
+    ``atexit`` handlers do not run (the services register none)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
