@@ -132,13 +132,13 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     "trace": ("generate a synthetic trace, or export one from a recorded log", _sim("trace")),
 }
 
+#: the long-running services: their process ends as soon as they have stopped (``startup.exit_process``)
+SERVICES = frozenset({"gateway", "scheduler", "node-agent", "up"})
+
 #: subcommand -> adds its flags to its parser
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "completion": _completion_arguments,
     "gateway": _gateway_arguments,
-#: the long-running services: their process ends as soon as they have stopped (``startup.exit_process``)
-SERVICES = frozenset({"gateway", "scheduler", "node-agent", "up"})
-
     "scheduler": _scheduler_arguments,
     "node-agent": _imported("gpuquota.entrypoints.node_agent", "configure"),
     "up": _imported("gpuquota.entrypoints.embedded", "configure_up"),
