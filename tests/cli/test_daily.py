@@ -53,7 +53,7 @@ def test_submit_a_command_and_a_payload_file(stack: StackThread, cli: Cli, tmp_p
 @pytest.mark.parametrize(
     ("argv", "rc", "message"),
     [
-        (submit_argv("--unit", G5), 2, "give either -f PAYLOAD.json or -- CMD ... (one of them)"),
+        (submit_argv("--unit", G5), 2, "give either -f PAYLOAD.json or -- CMD ... / --image (one of them)"),
         (submit_argv("--", "true"), 1, "gpuquota jobs submit: --unit is required with a command"),
         (submit_argv("-f", "/nonexistent.json"), 1, "gpuquota jobs submit: cannot read /nonexistent.json"),
         (

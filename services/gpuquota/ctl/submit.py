@@ -1,17 +1,29 @@
 """``gpuquota jobs submit`` and ``gpuquota jobs logs`` (interface I9).
 
 ``submit`` builds a ``SubmitServiceJob`` request from flags and either a SageMaker ``CreateTrainingJob``
-payload file (``-f``) or a command (``-- CMD ...``, run as-is by a ``process`` node agent), and prints
+payload file (``-f``) or a command (``-- CMD ...``, run as-is by a ``process`` node agent; with
+``--image``, the ``ContainerEntrypoint`` of that image under the ``container`` runtime), and prints
 the new job's id alone, so ``JOB=$(gpuquota jobs submit ...)`` works. ``logs`` reads an attempt's
 output through the gateway (``GET /gpuquota/v1/jobs/{job}/logs``), which reads it from the node.
+
+Submit directory: like ``sbatch``, the payload's ``Environment`` names the directory the job was
+submitted from (``GPUQUOTA_SUBMIT_DIR``, unless the payload file names one); a ``process`` agent
+runs the command there when that directory exists on its node, else in the attempt's directory
+(its log's first line says so: ``gpuquota.node_agent.instances``). A container runs in its image's
+working directory. ``submit -- CMD`` says on stderr which of the two to expect, from the addresses
+of the nodes that offer the unit.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import os
+import socket
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +32,8 @@ from gpuquota.ctl.api import Api, CliError
 from gpuquota.ctl.render import Style
 
 DEFAULT_MAX_RUNTIME = 24 * 3600
+SUBMIT_DIR = "GPUQUOTA_SUBMIT_DIR"
+"""The ``Environment`` variable naming the submit directory (read by ``gpuquota.node_agent.instances``)."""
 FOLLOW_INTERVAL = 0.5
 
 
@@ -31,7 +45,16 @@ def configure_submit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, help="instances the job needs (default 1)")
     parser.add_argument("--unit", help="capacity unit (instance type); required with a command")
     parser.add_argument("-f", "--file", help="a SageMaker CreateTrainingJob request (JSON) as the payload")
-    parser.add_argument("argv", nargs="*", metavar="-- CMD", help="the command to run instead of -f")
+    parser.add_argument(
+        "--image",
+        help="container runtime: the TrainingImage to run (with -- CMD: CMD is its ContainerEntrypoint)",
+    )
+    parser.add_argument(
+        "argv",
+        nargs="*",
+        metavar="-- CMD",
+        help="the command to run instead of -f; it runs in this directory when its node is on this machine",
+    )
 
 
 def configure_logs(parser: argparse.ArgumentParser) -> None:
@@ -44,11 +67,16 @@ def configure_logs(parser: argparse.ArgumentParser) -> None:
 
 
 def submit_command(api: Api, args: argparse.Namespace, style: Style) -> int:
-    if bool(args.file) == bool(args.argv):
-        args.usage_parser.error("give either -f PAYLOAD.json or -- CMD ... (one of them)")
+    if (args.file and args.argv) or not (args.file or args.argv or args.image):
+        args.usage_parser.error("give either -f PAYLOAD.json or -- CMD ... / --image (one of them)")
     if args.instances is not None and args.instances < 1:
         raise CliError("--instances must be at least 1")
     payload = _payload_file(args) if args.file else _payload_command(args)
+    submit_dir = os.getcwd()
+    environment = payload["Environment"] = payload.get("Environment") or {}
+    if not isinstance(environment, dict):
+        raise CliError(f"{args.file}: Environment must be an object")
+    environment.setdefault(SUBMIT_DIR, submit_dir)
     name = args.name or _default_name(args, payload)
     out = api.call(
         "submit_service_job",
@@ -59,11 +87,50 @@ def submit_command(api: Api, args: argparse.Namespace, style: Style) -> int:
         schedulingPriority=args.priority,
         serviceRequestPayload=json.dumps(payload),
     )
+    if args.argv and not args.image:
+        print(f"gpuquota jobs submit: {where_it_runs(api, args.unit, submit_dir)}", file=sys.stderr)
     if args.output == "json":
         render.dump_json({"jobId": out["jobId"], "jobName": out["jobName"], "jobArn": out.get("jobArn")})
     else:
         print(out["jobId"])
     return 0
+
+
+def where_it_runs(api: Api, unit: str, submit_dir: str) -> str:
+    """Where a ``process`` agent will run the command: here, when every node that offers ``unit`` is on
+    this machine (module doc: submit directory)."""
+    try:
+        nodes = [n for n in api.nodes() if unit in n.get("slots", {})]
+    except CliError:  # a gateway without the nodes endpoint: say what is sure
+        nodes = []
+    local_gateway = _local_host(urllib.parse.urlparse(api.endpoint).hostname or "")
+    here = [n["nodeId"] for n in nodes if _local_host(n.get("address") or "", local_gateway)]
+    away = [n["nodeId"] for n in nodes if n["nodeId"] not in here]
+    if here and not away:
+        return f"runs in {submit_dir} (its node is on this machine: {', '.join(here)})"
+    elsewhere = f"on {', '.join(away)} (not this machine)" if away else "on a node that is not this machine"
+    return (
+        f"runs in {submit_dir} where that directory exists; {elsewhere}, where it does not, "
+        "in its attempt directory (see jobs logs)"
+    )
+
+
+def _local_host(host: str, empty: bool = False) -> bool:
+    """Whether ``host`` names this machine (``empty``: what an empty address means)."""
+    if not host:
+        return empty
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        if host == "localhost":
+            return True
+    try:
+        mine = {socket.gethostname(), socket.getfqdn()}
+        addresses = {info[4][0] for name in mine for info in socket.getaddrinfo(name, None)}
+    except OSError:
+        return False
+    return host in mine or host in addresses
 
 
 def _payload_file(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,6 +145,11 @@ def _payload_file(args: argparse.Namespace) -> dict[str, Any]:
     config = doc.setdefault("ResourceConfig", {})
     if not isinstance(config, dict):
         raise CliError(f"{args.file}: ResourceConfig must be an object")
+    if args.image:
+        algorithm = doc.setdefault("AlgorithmSpecification", {})
+        if not isinstance(algorithm, dict):
+            raise CliError(f"{args.file}: AlgorithmSpecification must be an object")
+        algorithm["TrainingImage"] = args.image
     if args.unit:
         config["InstanceType"] = args.unit
     if args.instances is not None:
@@ -89,10 +161,16 @@ def _payload_file(args: argparse.Namespace) -> dict[str, Any]:
 
 def _payload_command(args: argparse.Namespace) -> dict[str, Any]:
     if not args.unit:
-        raise CliError("--unit is required with a command (the instance type the job needs)")
+        what = "a command" if args.argv else "--image"
+        raise CliError(f"--unit is required with {what} (the instance type the job needs)")
+    algorithm: dict[str, Any] = {"TrainingInputMode": "File"}
+    if args.argv:
+        algorithm["ContainerEntrypoint"] = list(args.argv)
+    if args.image:
+        algorithm["TrainingImage"] = args.image
     return {
         "TrainingJobName": args.name or "gpuquota-cli",
-        "AlgorithmSpecification": {"TrainingInputMode": "File", "ContainerEntrypoint": list(args.argv)},
+        "AlgorithmSpecification": algorithm,
         "ResourceConfig": {
             "InstanceType": args.unit,
             "InstanceCount": args.instances or 1,
@@ -105,6 +183,8 @@ def _payload_command(args: argparse.Namespace) -> dict[str, Any]:
 def _default_name(args: argparse.Namespace, payload: dict[str, Any]) -> str:
     if args.argv:
         base = Path(args.argv[0]).name
+    elif args.image:
+        base = args.image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
     else:
         base = str(payload.get("TrainingJobName") or Path(args.file).stem)
     name = "".join(c if c.isalnum() or c in "-_" else "-" for c in base)[:128]

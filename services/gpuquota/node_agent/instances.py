@@ -4,6 +4,12 @@ variables, and :class:`GroupHandle`, one handle over the instances a node runs (
 Instances are named as SageMaker names them, ``algo-1`` ... ``algo-N``; instance ``k`` has rank
 ``k - 1``. The attempt succeeds when every instance exits 0; the first instance that fails stops the
 others and its reason, prefixed with its host name, becomes the attempt's.
+
+Working directory (``process`` runtime): a payload whose ``Environment`` names the directory it was
+submitted from (``GPUQUOTA_SUBMIT_DIR``, set by ``gpuquota jobs submit`` as Slurm sets
+``SLURM_SUBMIT_DIR``) runs there when that directory exists on the node, so ``-- python3 train.py``
+finds ``train.py``; where it does not (another machine), the instance runs in its attempt directory
+and the first line of its log says so. Without one, it runs in the node's work directory.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -28,6 +35,8 @@ PEER_STOP_GRACE = 10.0
 #: ``MASTER_PORT`` of an attempt spread over several nodes: every node derives the same port from the
 #: attempt id, in a range below Linux's ephemeral ports (32768 and up), so no node has to tell the others
 GANG_PORTS = (20000, 10000)
+#: the payload's ``Environment`` variable naming the directory the job was submitted from
+SUBMIT_DIR = "GPUQUOTA_SUBMIT_DIR"
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,21 @@ def output_env(spec: LaunchSpec, instance: Instance) -> dict[str, str]:
         "SM_OUTPUT_DIR": str(output),
         "SM_OUTPUT_DATA_DIR": str(output / "data"),
     }
+
+
+def working_dir(spec: LaunchSpec, instance: Instance) -> tuple[Path, str | None]:
+    """Where the instance's command runs, and the line for its log when that is not where it was asked
+    to run (module doc: working directory)."""
+    asked = spec.request.environment.get(SUBMIT_DIR)
+    if not asked:
+        return spec.cwd, None
+    if os.path.isabs(asked) and Path(asked).is_dir():
+        return Path(asked), None
+    fallback = attempt_root(spec.cwd, spec.attempt_id) / instance.host
+    fallback.mkdir(parents=True, exist_ok=True)
+    why = "does not exist" if os.path.isabs(asked) else "is not an absolute path"
+    node = spec.env.get("GPUQUOTA_NODE_ID", "?")
+    return fallback, f"gpuquota: {SUBMIT_DIR} {asked} {why} on node {node}: running in {fallback}"
 
 
 def instance_env(spec: LaunchSpec, instance: Instance, master_addr: str, master_port: int) -> dict[str, str]:

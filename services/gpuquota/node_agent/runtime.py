@@ -304,12 +304,20 @@ class ProcessRuntime:
         exit_file = member_exit_path(
             None if spec.exit_path is None else str(spec.exit_path), instance.host, index
         )
-        return self._spawn(spec.request.command, env, log, spec.cwd, exit_file)
+        cwd, note = instances.working_dir(spec, instance)
+        return self._spawn(spec.request.command, env, log, cwd, exit_file, note)
 
     def _spawn(
-        self, argv: tuple[str, ...], env: dict[str, str], log_path: Path, cwd: Path, exit_file: str | None
+        self,
+        argv: tuple[str, ...],
+        env: dict[str, str],
+        log_path: Path,
+        cwd: Path,
+        exit_file: str | None,
+        note: str | None = None,
     ) -> ProcessHandle:
-        """One instance's process, behind the exit wrapper when its exit status is to be recorded."""
+        """One instance's process, behind the exit wrapper when its exit status is to be recorded;
+        ``note``: a first line for its log (where it runs, when not where it was asked to)."""
         env = {**os.environ, **env} if self._inherit_env else env
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if exit_file is not None:
@@ -318,6 +326,9 @@ class ProcessRuntime:
             argv = (*self.exit_wrapper, exit_file, *argv)
         try:
             with open(log_path, "ab") as log:
+                if note is not None:
+                    log.write(f"{note}\n".encode())
+                    log.flush()
                 proc = children.start(argv, log, env, cwd)
         except FileNotFoundError:
             raise LaunchError(f"Cannot start the attempt: command not found: {argv[0]}") from None
