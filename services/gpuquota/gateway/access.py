@@ -12,13 +12,16 @@ import datetime as dt
 from aiohttp import web
 
 from gpuquota.clock import Clock
-from gpuquota.gateway.auth import AccessDenied, Keyring, Principal, SignedRequest, verify
+from gpuquota.gateway.auth import SERVICE, AccessDenied, Keyring, Principal, SignedRequest, verify
 from gpuquota.gateway.context import Context
 from gpuquota.gateway.errors import ClientException
 
 
-async def authenticate(request: web.Request, keyring: Keyring | None, clock: Clock) -> Principal | None:
-    """The principal that signed ``request`` (``None`` when authentication is off)."""
+async def authenticate(
+    request: web.Request, keyring: Keyring | None, clock: Clock, services: tuple[str, ...] = (SERVICE,)
+) -> Principal | None:
+    """The principal that signed ``request`` for one of ``services`` (``None`` when authentication
+    is off)."""
     if keyring is None:
         return None
     headers: dict[str, list[str]] = {}
@@ -27,7 +30,7 @@ async def authenticate(request: web.Request, keyring: Keyring | None, clock: Clo
     raw_path, _, raw_query = request.raw_path.partition("?")
     signed = SignedRequest(request.method, raw_path, raw_query, headers, await request.read())
     now = dt.datetime.fromtimestamp(clock() / 1000, dt.UTC)
-    return verify(signed, keyring, now)
+    return verify(signed, keyring, now, services)
 
 
 def denied(principal: Principal, action: str) -> AccessDenied:

@@ -19,6 +19,9 @@ answers "does not exist"; a rejection by the core restores the previous view and
 Errors: ``ClientException`` (HTTP 400) and ``ServerException`` (HTTP 500), with the header
 ``x-amzn-ErrorType`` and the body ``{"message": ...}``, which botocore turns into ``ClientError``.
 
+``POST /`` is AWS's query protocol for the two identity calls the SageMaker SDK makes, STS
+``GetCallerIdentity`` and IAM ``GetRole`` (``gpuquota.gateway.identity``).
+
 Before any of this, the ``BrowserGuard`` (``gpuquota.gateway.browser_guard``) refuses what a web page
 could send: a foreign ``Host`` (421), a foreign ``Origin`` (403), a POST that is not JSON (415).
 """
@@ -33,10 +36,10 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from gpuquota.clock import Clock, wall_clock_ms
-from gpuquota.gateway import environments, jobs, policies, queues, shares, tags
+from gpuquota.gateway import environments, identity, jobs, policies, queues, shares, tags
 from gpuquota.gateway.access import authenticate, check_job, denied
 from gpuquota.gateway.auth import Keyring, Principal
-from gpuquota.gateway.browser_guard import BrowserGuard
+from gpuquota.gateway.browser_guard import QUERY_PATH, BrowserGuard
 from gpuquota.gateway.context import Context, Operation
 from gpuquota.gateway.edge import body_params as _body
 from gpuquota.gateway.edge import errors as _errors
@@ -128,6 +131,7 @@ class Gateway(Context):
         for hook in self.route_hooks:
             hook(app)
         app.router.add_route("*", "/v1/{operation}", self._operation)
+        app.router.add_post(QUERY_PATH, self._query)  # STS and IAM for the SageMaker SDK
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         return app
 
@@ -182,6 +186,9 @@ class Gateway(Context):
         if principal is not None:
             check_job(self, principal, "gpuquota:ExplainJob", ref)
         return _json(await self.explain(ref))
+
+    async def _query(self, request: web.Request) -> web.Response:
+        return await identity.answer(request, self.auth, self.clock, self.arns.account, self.arns.partition)
 
     async def _unknown(self, request: web.Request) -> web.Response:
         await authenticate(request, self.auth, self.clock)

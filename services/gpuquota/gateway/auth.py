@@ -15,9 +15,10 @@ URI-encoded once more as SigV4 wants for every service but S3; the query string 
 and sorted; the signed headers, lower-cased and whitespace-trimmed; the SHA-256 of the body), derives
 the signing key from the secret and the credential scope, and compares signatures in constant time.
 It also requires ``host`` and ``x-amz-date`` to be signed, ``x-amz-date`` within 15 minutes of the
-server clock and on the scope's date, the scope's service to be ``batch`` (any region: the gateway is
-one endpoint), and ``x-amz-content-sha256``, when sent, to be the body's hash. Presigned URLs (the
-query-string form) and temporary credentials are not supported.
+server clock and on the scope's date, the scope's service to be ``batch`` (``sts`` or ``iam`` on the
+identity route, ``gpuquota.gateway.identity``; any region: the gateway is one endpoint), and
+``x-amz-content-sha256``, when sent, to be the body's hash. Presigned URLs (the query-string form) and
+temporary credentials are not supported.
 
 Failures are HTTP 403 with AWS's codes: ``MissingAuthenticationTokenException`` (no signature),
 ``UnrecognizedClientException`` (unknown access key), ``InvalidSignatureException`` (anything else
@@ -310,8 +311,11 @@ class SignedRequest:
     body: bytes
 
 
-def verify(request: SignedRequest, keyring: Keyring, now: dt.datetime) -> Principal:
-    """The principal whose key signed ``request``; raises an :class:`AuthError` otherwise."""
+def verify(
+    request: SignedRequest, keyring: Keyring, now: dt.datetime, services: tuple[str, ...] = (SERVICE,)
+) -> Principal:
+    """The principal whose key signed ``request`` for one of ``services`` (the scope's service name:
+    ``batch``; ``sts`` and ``iam`` on the identity route); raises an :class:`AuthError` otherwise."""
     values = request.headers.get("authorization")
     if not values:
         raise MissingAuthenticationToken("Missing Authentication Token")
@@ -328,8 +332,9 @@ def verify(request: SignedRequest, keyring: Keyring, now: dt.datetime) -> Princi
     if len(scope_parts) != 4 or scope_parts[3] != "aws4_request":
         raise AuthError("Credential must have the form KEY/YYYYMMDD/REGION/SERVICE/aws4_request")
     scope_date, region, service, _ = scope_parts
-    if service != SERVICE:
-        raise AuthError(f"Credential should be scoped to the correct service: '{SERVICE}'")
+    if service not in services:
+        names = "' or '".join(services)
+        raise AuthError(f"Credential should be scoped to the correct service: '{names}'")
     if not re.fullmatch(r"[a-z0-9-]{1,64}", region):
         raise AuthError("Credential should be scoped to a valid region")
     key = keyring.keys.get(access_key)
@@ -369,7 +374,7 @@ def verify(request: SignedRequest, keyring: Keyring, now: dt.datetime) -> Princi
     )
     scope = f"{scope_date}/{region}/{service}/aws4_request"
     expected = hmac.new(
-        signing_key(key.secret, scope_date, region),
+        signing_key(key.secret, scope_date, region, service),
         string_to_sign(amz_date, scope, canonical).encode(),
         hashlib.sha256,
     ).hexdigest()

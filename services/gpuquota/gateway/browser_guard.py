@@ -31,7 +31,12 @@ stops it; the rules run in this order, on every request, before its body is read
    an empty ``{}``); a browser sends that only after a preflight, which the gateway never answers with
    permission. Bodiless ``GET``/``DELETE`` (botocore's ``ListTagsForResource``/``UntagResource``) do
    not need it: a page cannot send a cross-origin ``DELETE`` without a preflight, and a ``GET`` it
-   sends changes nothing and cannot be read back.
+   sends changes nothing and cannot be read back. One exception, the *query route*: ``POST /`` with
+   ``application/x-www-form-urlencoded`` is AWS's query protocol, which botocore uses for STS and
+   IAM (the SageMaker SDK asks who it is, ``gpuquota.gateway.identity``). A page can send such a form
+   without a preflight, so the route is safe by what it does: it only reads (the caller's identity,
+   one fixed role), changes nothing, and its answer is not readable by another origin; rules 1 and 2
+   still apply to it, and it answers every other action with an error.
 4. **Console token rule** (403). The console (``/console/``) is a page of the gateway itself, so
    it passes rules 1 to 3. Its changes (``POST /console/api/...``) must also carry the *console
    token*, a random value made once per process, in the header ``X-Gpuquota-Console-Token``. The token
@@ -75,6 +80,9 @@ CONSOLE_PREFIX = "/console/"
 CONSOLE_CHANGES = "/console/api/"
 """Under this prefix a POST is a console change (priority, terminate): it needs the console token."""
 JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+QUERY_PATH = "/"
+"""The query route (STS, IAM): a form POST to it is exempt from the content-type rule only."""
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 DEFAULT_PORTS = {"http": "80", "https": "443"}
@@ -225,8 +233,15 @@ def own_origin(origin: str, host: str) -> bool:
 
 
 def needs_json(request: web.Request) -> bool:
-    """The content-type rule applies: a POST, or any request with a body."""
+    """The content-type rule applies: a POST, or any request with a body, but for a form POST to
+    the query route (read-only: see rule 3)."""
+    if is_query(request):
+        return False
     return request.method == "POST" or request.body_exists
+
+
+def is_query(request: web.Request) -> bool:
+    return request.method == "POST" and request.path == QUERY_PATH and request.content_type == FORM
 
 
 def is_console_change(request: web.Request) -> bool:
