@@ -33,7 +33,7 @@ IDLE_EXIT_SECONDS = 1.0
 def ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=5) as answer:
-            return answer.status == 200
+            return bool(answer.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 
