@@ -103,6 +103,8 @@ class Gateway(Context):
         self.auth = auth
         self.guard = guard or BrowserGuard()  # the console reads its token
         self.route_hooks: list[Callable[[web.Application], None]] = []  # /metrics, /health/*, /console/
+        self.s3_endpoint: str | None = None
+        """The S3 endpoint of this stack's node agents, for ``gpuquota env`` (``None``: AWS's)."""
         self.table = {op.name.lower(): op for op in OPERATIONS}
         self.operation_names = {lower: op.name for lower, op in self.table.items()}
         self.operations: dict[str, BoundOperation] = {
@@ -128,6 +130,7 @@ class Gateway(Context):
         app.router.add_route("*", "/v1/tags/{arn:.+}", self._tags)
         app.router.add_get("/gpuquota/v1/shares", self._shares_route)
         app.router.add_get("/gpuquota/v1/jobs/{job:.+}/explain", self._explain_route)
+        app.router.add_get("/gpuquota/v1/env", self._env_route)
         for hook in self.route_hooks:
             hook(app)
         app.router.add_route("*", "/v1/{operation}", self._operation)
@@ -186,6 +189,12 @@ class Gateway(Context):
         if principal is not None:
             check_job(self, principal, "gpuquota:ExplainJob", ref)
         return _json(await self.explain(ref))
+
+    async def _env_route(self, request: web.Request) -> web.Response:
+        await authenticate(request, self.auth, self.clock)  # any key: it names endpoints, no secret
+        arns = self.arns
+        env = identity.client_environment(arns.account, arns.region, self.auth is not None, self.s3_endpoint)
+        return _json(env)
 
     async def _query(self, request: web.Request) -> web.Response:
         return await identity.answer(request, self.auth, self.clock, self.arns.account, self.arns.partition)

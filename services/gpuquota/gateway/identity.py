@@ -263,3 +263,26 @@ async def answer(
         error = as_query_error(exc)
         return _xml(error_document(service, error, request_id), error.status, request_id)
     return _xml(result_document(service, action, body, request_id), 200, request_id)
+
+
+# ----- the client environment (``gpuquota env``) ----------------------------------------------------
+
+
+def default_bucket(account: str, region: str) -> str:
+    """The SageMaker SDK's default bucket name, ``sagemaker-<region>-<account>``."""
+    return f"sagemaker-{region}-{account}"
+
+
+def client_environment(
+    account: str, region: str, authentication: bool, s3_endpoint: str | None
+) -> dict[str, object]:
+    """What ``gpuquota env`` needs to know of this stack beyond the gateway's own URL: the account and
+    region of its ARNs, whether requests must be signed, and the S3 endpoint its node agents use
+    (``None``: the stack names none, S3 is AWS's)."""
+    return {
+        "account": account,
+        "region": region,
+        "authentication": authentication,
+        "defaultBucket": default_bucket(account, region),
+        "endpoints": {"s3": s3_endpoint},
+    }
