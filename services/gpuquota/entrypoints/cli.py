@@ -2,10 +2,9 @@
 """``gpuquota`` command line: a thin dispatcher to the service entry points.
 
 Subcommands: ``version``, ``completion``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and
-the client commands ``apply``, ``jobs``, ``shares``, ``queues``, ``nodes``, ``explain``
-(:mod:`gpuquota.ctl`). Services read their configuration from ``GPUQUOTA_*`` environment variables
-(see :mod:`gpuquota.settings`), not from flags. Usage errors exit 2 (argparse's convention), failures
-1; ``docs/cli.md`` embeds every ``--help``.
+the client commands ``apply``, ``jobs``, ``shares``, ``nodes``, ``explain`` (:mod:`gpuquota.ctl`). Services
+read their configuration from ``GPUQUOTA_*`` environment variables (see :mod:`gpuquota.settings`), not from
+flags. Usage errors exit 2 (argparse's convention), failures 1; ``docs/cli.md`` embeds every ``--help``.
 """
 
 from __future__ import annotations
@@ -126,11 +125,7 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     ),
     "apply": ("create or update policy, environment, queue and quota shares from YAML", _client("apply")),
     "jobs": ("submit, list, describe, reprioritise or terminate jobs; read their logs", _client("jobs")),
-    "shares": (
-        "show quota shares: limits, usage, borrowed, lent, queued; disable, enable or delete one",
-        _client("shares"),
-    ),
-    "queues": ("list job queues; disable, enable or delete one", _client("queues")),
+    "shares": ("show quota shares: limits, usage, borrowed, lent, queued", _client("shares")),
     "nodes": ("list nodes (slots, GPUs, attempts, heartbeat); drain or undrain one", _client("nodes")),
     "explain": ("explain why a job waits or was preempted", _client("explain")),
     "env": (
@@ -155,7 +150,6 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "apply": _imported("gpuquota.ctl.commands", "configure_apply"),
     "jobs": _imported("gpuquota.ctl.commands", "configure_jobs"),
     "shares": _imported("gpuquota.ctl.commands", "configure_shares"),
-    "queues": _imported("gpuquota.ctl.manage", "configure_queues"),
     "nodes": _imported("gpuquota.ctl.commands", "configure_nodes"),
     "explain": _imported("gpuquota.ctl.commands", "configure_explain"),
     "env": _imported("gpuquota.ctl.env", "configure_env"),
