@@ -178,6 +178,7 @@ async def test_stop_waits_for_the_whole_process_group(
     assert report.occurred_at / 1000 >= float(child_done.read_text()) - 0.01
 
 
+SM_TRAIN = "/opt/ml/input/data/sm_drivers/sm_train.sh"
 BAD_INPUTS = [
     pytest.param(
         json.dumps({"AlgorithmSpecification": {}, "ResourceConfig": {"InstanceType": "ml.g5.xlarge"}}),
@@ -191,6 +192,20 @@ BAD_INPUTS = [
         "command not found: /no/such/trainer",
         id="command-not-found",
     ),
+    pytest.param(  # the SageMaker SDK's SourceCode command (sagemaker.train's sm_drivers)
+        json.dumps(
+            {
+                "AlgorithmSpecification": {
+                    "ContainerEntrypoint": ["/bin/bash"],
+                    "ContainerArguments": ["-c", f"chmod +x {SM_TRAIN} && {SM_TRAIN}"],
+                }
+            }
+        ),
+        "ml.g5.xlarge",
+        "The command uses /opt/ml/input/data/sm_drivers/sm_train.sh, a SageMaker container path the "
+        "process runtime lacks: run it on a node agent with --runtime container",
+        id="sdk-container-path",
+    ),  # fmt: skip
     pytest.param("{not json", "ml.g5.xlarge", "Invalid serviceRequestPayload: not valid JSON", id="bad-json"),
     pytest.param(
         json.dumps({"AlgorithmSpecification": {"ContainerEntrypoint": "python"}}),

@@ -21,7 +21,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -240,6 +240,19 @@ def _check_command(argv: tuple[str, ...], env: dict[str, str], cwd: Path) -> Non
         raise LaunchError(f"Cannot start the attempt: command not found: {program}")
 
 
+RUN_IN = "run it on a node agent with --runtime container (docs/sagemaker-sdk.md)"
+
+
+def container_paths(argv: Sequence[str]) -> str | None:
+    """The first path of a SageMaker container (``/opt/ml/...``) that the command names and this
+    machine lacks (the SDK's ``sm_drivers`` command hard-codes them), or ``None``."""
+    for word in argv:
+        for token in word.replace("&&", " ").replace(";", " ").split():
+            if token.startswith("/opt/ml/") and not os.path.exists(token):
+                return token
+    return None
+
+
 class ProcessRuntime:
     """Runs the payload's command as a local process in its own process group (session), through
     the exit wrapper when the spec has an ``exit_path``. ``exit_wrapper``: the wrapper's command
@@ -261,10 +274,13 @@ class ProcessRuntime:
         from gpuquota.node_agent import instances
 
         argv = spec.request.command
-        if not argv:
+        if not argv:  # the process runtime does not run the TrainingImage's own entrypoint
             raise LaunchError(
-                "No command to run: the payload has no AlgorithmSpecification.ContainerEntrypoint "
-                "or ContainerArguments"
+                f"No command to run: the payload has no ContainerEntrypoint; give a SourceCode, or {RUN_IN}"
+            )
+        if fixed := container_paths(argv):
+            raise LaunchError(
+                f"The command uses {fixed}, a SageMaker container path the process runtime lacks: {RUN_IN}"
             )
         local = instances.local_instances(spec)
         if spec.peers:  # the instances on other nodes reach rank 0 at its node's address
