@@ -53,13 +53,25 @@ install() {
   log "apt-get install took $((SECONDS - t0))s"
 }
 
+# podman 4.3 gives every container RLIMIT_NOFILE and RLIMIT_NPROC of 1048576 by default; where the
+# hard limits are lower (this sandbox: 20000 open files), runc may not raise them and every container
+# fails ("error setting rlimit type 7"). No default ulimits: containers inherit podman's own limits.
+configure() {
+  local conf=/etc/containers/containers.conf.d/50-gpuquota-ulimits.conf
+  [ -f "$conf" ] && return 0
+  [ "$(id -u)" = 0 ] || { log "WARNING: not root: put 'default_ulimits = []' under [containers] in $conf"; return 0; }
+  mkdir -p "${conf%/*}"
+  printf '[containers]\n# deploy/local/podman.sh: containers inherit the limits of podman (the sandbox caps them)\ndefault_ulimits = []\n' >"$conf"
+  log "wrote $conf (default_ulimits = [])"
+}
+
 check() {
   command -v podman >/dev/null 2>&1 || command -v docker >/dev/null 2>&1 || die "no podman or docker"
   log "engine: $(command -v podman || command -v docker)"
 }
 
 case "${1:-}" in
-  install) install ;;
+  install) install && configure ;;
   check) check ;;
   *) echo "usage: $0 install|check" >&2; exit 2 ;;
 esac

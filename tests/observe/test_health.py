@@ -163,3 +163,21 @@ async def test_the_image_healthcheck_asks_health_live(closed_port: int) -> None:
         assert await asyncio.to_thread(healthcheck.main, {"GPUQUOTA_PORT": str(closed_port)}) == 1
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("argv", "port"),
+    [
+        (["/opt/gpuquota/bin/python", "/opt/gpuquota/bin/gpuquota", "up", "--host", "0.0.0.0"], "8642"),
+        (["gpuquota", "up", "--port", "9000"], "9000"),
+        (["gpuquota", "up", "--port=9001"], "9001"),
+        (["gpuquota", "gateway"], "8080"),
+        ([], "8080"),
+    ],
+)
+def test_the_healthcheck_port_follows_the_command(argv: list[str], port: str) -> None:
+    assert healthcheck.url({}, argv) == f"http://127.0.0.1:{port}/health/live"
+    assert healthcheck.url({"GPUQUOTA_PORT": "7000"}, argv) == "http://127.0.0.1:7000/health/live"
+    assert healthcheck.url({"GPUQUOTA_METRICS_PORT": "9464", "GPUQUOTA_PORT": "7000"}, argv).endswith(
+        ":9464/health/live"
+    )
