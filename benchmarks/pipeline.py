@@ -19,6 +19,10 @@ only the ``JobDispatched`` records parsed). Reported:
 * ``undecided_inputs``: records of the inputs topic the scheduler had not decided when the run ended
   (0 unless it stopped reading: then ``lost_jobs`` are jobs it never got to);
 * ``duplicate_dispatches``: ``JobDispatched`` events (distinct event ids) beyond the first per job;
+* ``refused``: submissions the gateway's admission control refused (``--max-backlog``, ``--max-backlog-
+  seconds``, as ``GPUQUOTA_ADMISSION_MAX_BACKLOG`` / ``_SECONDS``; 0 and 0: none), played by this
+  process: a submission counts from its produce until its ``JobAccepted`` is read back, and one refused
+  is not sent (a client would retry it later): ``submitted`` counts only those admitted;
 * ``cpu_ms_per_job``: CPU time per submitted job, from the first measured submission to the end of the
   run, of this process (``client``), of the scheduler (``scheduler``) and, when the benchmark started
   them itself, of the broker's JVM (``broker``) and of all PostgreSQL's processes (``database``)
@@ -89,6 +93,7 @@ from benchmarks.server_cpu import HostCpu, ServerCpu, broker_pid, postmaster_pid
 from gpuquota.adapters.event_store import EventStore, Snapshot
 from gpuquota.adapters.kafka import KafkaTopics, encode, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
+from gpuquota.gateway.admission import Admission
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.pipeline import JobStateRecord, Pipeline, PipelineSettings, SourceRecord
 from gpuquota.wire.dead_letters import DeadLetter
@@ -181,6 +186,7 @@ async def throughput(
     windows: float = 0.0,
     warmup: float = WARMUP_SECONDS,
     slots_per_node: int = SLOTS_PER_NODE,
+    admission: Admission | None = None,
 ) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     topics, pool = KafkaTopics(f"bench-{run}."), f"bench-{run}"
@@ -217,13 +223,14 @@ async def throughput(
                 if warmup_lost:
                     raise RuntimeError(f"{warmup_lost} warm-up jobs were never dispatched")
                 watch.restart()
+            watch.admission = admission
             total = int(rate * seconds)
             host.start()  # calibrates first, outside the servers' span
             cpu.start()
             client_began = _own_cpu()
             await submit(sender, run, rate, total, watch)
             await producer.flush()
-            await _drain(watch, total, drain, database, pool)
+            await _drain(watch, len(watch.submitted), drain, database, pool)
             cpu.stop()
             host.stop()
             cpu.seconds["client"] = _own_cpu() - client_began
@@ -241,6 +248,7 @@ async def throughput(
     shutil.rmtree(workdir, ignore_errors=True)
     summary = _summary(watch, rate, seconds, windows)
     summary["warmup_seconds"] = warmup
+    summary["refused"] = 0 if admission is None else admission.refused
     summary["slots"] = NODES * slots_per_node
     jobs = max(1, len(watch.submitted))
     order = ("client", "scheduler", "broker", "database")
@@ -410,13 +418,21 @@ def main(argv: list[str] | None = None) -> int:
     slots = f"slots per node, {NODES} nodes (default {SLOTS_PER_NODE}: the pool bounds the rate, see above)"
     parser.add_argument("--slots-per-node", type=int, default=SLOTS_PER_NODE, metavar="N", help=slots)
     parser.add_argument("--windows", type=float, default=0.0, metavar="W", help="p99 per W-second window")
+    backlog = "admission control: most undecided submissions (default 0: none; the gateway's is 5000)"
+    parser.add_argument("--max-backlog", type=int, default=0, metavar="N", help=backlog)
+    age = "admission control: longest wait of the oldest undecided submission (default 0: none)"
+    parser.add_argument("--max-backlog-seconds", type=float, default=0.0, metavar="S", help=age)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    bounded = args.max_backlog or args.max_backlog_seconds
+    admission = Admission(args.max_backlog, args.max_backlog_seconds) if bounded else None
     if args.recovery is not None:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
     else:
         result = asyncio.run(
-            throughput(args.rate, args.seconds, args.drain, args.windows, args.warmup, args.slots_per_node)
+            throughput(
+                args.rate, args.seconds, args.drain, args.windows, args.warmup, args.slots_per_node, admission
+            )
         )
     print_result(result, args.json)
     return 0

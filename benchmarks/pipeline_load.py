@@ -28,6 +28,8 @@ from aiokafka.structs import ConsumerRecord
 
 from benchmarks.pipeline_workload import job_id, report_json, submission_json
 from gpuquota.adapters.kafka import KafkaTopics, partition_for
+from gpuquota.gateway.admission import Admission
+from gpuquota.gateway.errors import TooManyRequests
 
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
@@ -76,6 +78,9 @@ class Watch:
         """Inputs produced: setup, submissions and the node player's reports."""
         self.inputs_decided = 0
         """The scheduler's recorded position in the pool's partition of the inputs topic."""
+        self.admission: Admission | None = None
+        """The gateway's admission control, played by the submitter (``--max-backlog``): a submission
+        counts in the backlog from its produce to its ``JobAccepted`` read back; one refused is not sent."""
 
     def restart(self) -> None:
         """Forget the jobs watched so far (the warm-up's): what follows is measured alone."""
@@ -195,11 +200,20 @@ async def submit(sender: PoolSender, run: str, rate: float, total: int, watch: W
         if due > sent:
             at = time.time()  # just before the records are handed to the producer
             at_ms = int(at * 1000)
+            admitted = 0
             for index in range(sent, due):
+                job = job_id(run, index)
+                if watch.admission is not None:
+                    try:
+                        watch.admission.check()
+                    except TooManyRequests:
+                        continue  # refused (a client would back off and retry): not sent
+                    watch.admission.handed(job)
                 await sender.add(submission_json(run, index, at_ms))
-                watch.submitted[job_id(run, index)] = at
+                watch.submitted[job] = at
+                admitted += 1
             await sender.send()
-            watch.inputs_sent += due - sent
+            watch.inputs_sent += admitted
             sent = due
         next_due = start + sent / rate
         await asyncio.sleep(max(TICK_SECONDS, next_due - time.monotonic()))  # pacing the submission rate
@@ -240,7 +254,9 @@ async def _answer(records: list[Record], sender: PoolSender, at: int, watch: Wat
 
 def _observe(records: list[Record], read_at: float, watch: Watch) -> None:
     for record in records:
-        if ids := dispatch_of(record):
+        if watch.admission is not None and record.key is not None and record_type(record) == b"JobAccepted":
+            watch.admission.decided(record.key.decode())
+        elif ids := dispatch_of(record):
             watch.dispatched(*ids, read_at, record.timestamp / 1000)
         elif record.key is not None and record_type(record) == b"JobSucceeded":
             watch.succeeded(record.key.decode(), record.timestamp / 1000)

@@ -38,6 +38,12 @@ GPUQUOTA_ALLOWED_ORIGINS       web origins whose pages may call the API (a proxy
 GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643`` or    gateway
                                ``http://{address}:8643`` (a node's advertised address);
                                unset: ``gpuquota jobs logs`` is unavailable
+GPUQUOTA_PRODUCE_TIMEOUT       seconds the broker has to acknowledge a write before     gateway
+                               the request is a 503 ``ServerException`` (default 5)
+GPUQUOTA_ADMISSION_MAX_BACKLOG undecided inputs at most before submissions get a 429    gateway
+                               ``TooManyRequestsException`` (default 5000; 0: none)
+GPUQUOTA_ADMISSION_MAX_SECONDS seconds the oldest undecided input may wait before       gateway
+                               submissions get a 429 (default 5; 0: no bound)
 GPUQUOTA_LOGS_PORT             serve this node's attempt logs over HTTP on this port    node-agent
                                (0 or unset: no log server)
 GPUQUOTA_LOGS_HOST             bind address of the log server (default 0.0.0.0)         node-agent
@@ -333,6 +339,7 @@ class GatewaySettings(_DatabaseSettings):
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
     GPUQUOTA_AUTH_KEYS, GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_NODE_LOGS_URL, GPUQUOTA_NODE_TOKEN_FILE,
     GPUQUOTA_NODE_TOKEN, GPUQUOTA_ALLOWED_HOSTS, GPUQUOTA_ALLOWED_ORIGINS, GPUQUOTA_TOPIC_PREFIX,
+    GPUQUOTA_PRODUCE_TIMEOUT, GPUQUOTA_ADMISSION_MAX_BACKLOG, GPUQUOTA_ADMISSION_MAX_SECONDS,
     GPUQUOTA_LOG_LEVEL.
     ``auth_keys``: the keys file of ``gpuquota.gateway.auth`` (SigV4 authentication); unset means no
     authentication. ``node_logs_url``: where node agents serve attempt logs (``gpuquota jobs logs``).
@@ -352,6 +359,12 @@ class GatewaySettings(_DatabaseSettings):
     node_token_file: Path | None = None
     allowed_hosts: str = ""
     allowed_origins: str = ""
+    produce_timeout: Annotated[float, Field(gt=0, le=300)] = 5.0
+    """Seconds the broker has to acknowledge an input before the request is a 503 (``kafka_port``)."""
+    admission_max_backlog: Annotated[int, Field(ge=0)] = 5000
+    """Undecided inputs at most before submissions get a 429 (``gateway.admission``; 0: no bound)."""
+    admission_max_seconds: Annotated[float, Field(ge=0)] = 5.0
+    """Wait of the oldest undecided input at most before submissions get a 429 (0: no bound)."""
 
     @field_validator("node_logs_url")
     @classmethod

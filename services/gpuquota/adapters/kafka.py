@@ -17,6 +17,7 @@ left talking plaintext to a broker that wants TLS or SCRAM.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from gpuquota.adapters.message_json import message_json
@@ -220,6 +222,10 @@ class InputProducer:
             linger_ms=1,
             **client_options(security),
         )
+        self._unacked: dict[int, float] = {}
+        """``send_within``'s records awaiting the broker's acknowledgement: when each was handed over
+        (in that order: the first is the oldest)."""
+        self._handed = itertools.count()
 
     async def start(self) -> None:
         await self._producer.start()
@@ -235,3 +241,49 @@ class InputProducer:
         await self._producer.send_and_wait(
             self.topics.inputs, encode(message), key=pool.encode(), headers=message_headers(message)
         )
+
+    async def send_within(self, pool: str, message: SchedulerInput, deadline: float) -> None:
+        """``send``, acknowledged within ``deadline`` seconds or ``BrokerUnavailable``.
+
+        The idempotent producer retries an unacknowledged record until the broker takes it, with no
+        end, so a record handed over (``sent``) may still reach the log after the deadline. While a
+        record has waited longer than ``deadline`` the broker is taken as gone and new records are
+        refused without being handed over (``sent`` false): the outage costs each caller nothing but
+        the error, and ends when the waiting records are acknowledged.
+        """
+        if (stuck := self.unavailable(deadline)) is not None:
+            raise BrokerUnavailable(stuck, sent=False)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(deadline):  # waiting for metadata: nothing handed over yet
+                delivery = await self._producer.send(
+                    self.topics.inputs, encode(message), key=pool.encode(), headers=message_headers(message)
+                )
+        except TimeoutError:
+            raise BrokerUnavailable(f"no partition metadata within {deadline:g} s", sent=False) from None
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}", sent=False) from None
+        key = next(self._handed)
+        self._unacked[key] = started
+        delivery.add_done_callback(lambda _: self._unacked.pop(key, None))
+        try:
+            await asyncio.wait_for(asyncio.shield(delivery), deadline - (time.monotonic() - started))
+        except TimeoutError:
+            raise BrokerUnavailable(f"no acknowledgement within {deadline:g} s", sent=True) from None
+        except KafkaError as exc:  # not retriable: the broker refused the record
+            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}", sent=False) from None
+
+    def unavailable(self, deadline: float) -> str | None:
+        """Why the broker is taken as gone (a record unacknowledged longer than ``deadline``), or None."""
+        oldest = next(iter(self._unacked.values()), None)
+        if oldest is None or (waited := time.monotonic() - oldest) <= deadline:
+            return None
+        return f"{len(self._unacked)} records unacknowledged by the broker, the oldest for {waited:.0f} s"
+
+
+class BrokerUnavailable(Exception):
+    """The broker did not take a record in time; ``sent``: it may still reach the log later."""
+
+    def __init__(self, reason: str, *, sent: bool) -> None:
+        super().__init__(reason)
+        self.sent = sent

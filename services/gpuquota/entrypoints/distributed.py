@@ -31,6 +31,7 @@ from gpuquota.clock import wall_clock_ms
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.gateway import Gateway
+from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.browser_guard import BrowserPolicy
 from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
@@ -65,6 +66,8 @@ class GatewayService:
         port: int = 8080,
         arns: ArnFactory | None = None,
         decision_timeout: float = 5.0,
+        produce_timeout: float = 5.0,
+        admission: Admission | None = None,
         store: EventStore | None = None,
         auth: Keyring | None = None,
         node_logs: LogReader | None = None,
@@ -83,6 +86,9 @@ class GatewayService:
         self.port = port
         self.read_model = ReadModel(arns)
         self.decision_timeout = decision_timeout
+        self.produce_timeout = produce_timeout
+        """Seconds the broker has to acknowledge an input before the request is a 503."""
+        self.admission = admission or Admission()
         self.store = store
         self.auth = auth
         self._own_store = store is None
@@ -110,7 +116,14 @@ class GatewayService:
             self.kafka, self.topics, client_id="gpuquota-gateway", security=self.kafka_security
         )
         await self.producer.start()
-        port = KafkaCommandPort(self.producer, self.pool, projector, decision_timeout=self.decision_timeout)
+        port = KafkaCommandPort(
+            self.producer,
+            self.pool,
+            projector,
+            decision_timeout=self.decision_timeout,
+            produce_timeout=self.produce_timeout,
+            admission=self.admission,
+        )
         front = self._front = GatewayFront(
             self.host, self.port, lambda: projector.state, self.read_model, wall_clock_ms, self.browser
         )
@@ -128,15 +141,22 @@ class GatewayService:
         self.port = await front.serve(gateway)
 
     def probes(self) -> dict[str, Probe]:
-        """``/health/ready``: the event log and the broker answer, the read model is caught up."""
+        """``/health/ready``: the event log and the broker answer (and the broker acknowledges the
+        gateway's inputs), the read model is caught up."""
 
         async def lag() -> int:
             assert self.store is not None and self.projector is not None
             return await self.store.last_seq(self.pool) - self.projector.seq
 
+        reachable = broker_probe(self.kafka)
+
+        async def broker() -> str | None:
+            stuck = None if self.producer is None else self.producer.unavailable(self.produce_timeout)
+            return stuck or await reachable()
+
         return {
             "eventLog": store_probe(lambda: self.store, self.pool),
-            "broker": broker_probe(self.kafka),
+            "broker": broker,
             "readModel": lag_probe(lag),
         }
 
@@ -408,6 +428,8 @@ def run_gateway(
             node_logs=HttpLogs(settings.node_logs_url, node_token) if settings.node_logs_url else None,
             browser=browser,
             kafka_security=settings.kafka_security,
+            produce_timeout=settings.produce_timeout,
+            admission=Admission(settings.admission_max_backlog, settings.admission_max_seconds),
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 

@@ -145,7 +145,8 @@ def json_response(
 
 
 def error_response(exc: ApiError) -> web.Response:
-    return json_response({"message": exc.message}, status=exc.status, headers={"x-amzn-ErrorType": exc.code})
+    headers = {"x-amzn-ErrorType": exc.code, **exc.headers}
+    return json_response({"message": exc.message}, status=exc.status, headers=headers)
 
 
 async def read_body(request: web.Request) -> None:

@@ -10,6 +10,8 @@ class ApiError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.headers: dict[str, str] = {}
+        """Response headers besides the error type (``Retry-After``)."""
 
 
 class ClientException(ApiError):
@@ -29,3 +31,16 @@ class ServiceUnavailable(ServerException):
     retry modes retry a 503)."""
 
     status = 503
+
+
+class TooManyRequests(ApiError):
+    """HTTP 429, ``x-amzn-ErrorType: TooManyRequestsException`` with ``Retry-After``: admission control
+    refused the request before doing anything; boto3 counts the code as throttling and retries it
+    with back-off."""
+
+    status = 429
+    code = "TooManyRequestsException"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers["Retry-After"] = str(retry_after)

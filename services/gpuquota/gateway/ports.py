@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from gpuquota.adapters.event_store import StoreWriteFailed
+from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.errors import ServiceUnavailable
 from gpuquota.wire import events as ev
 from gpuquota.wire.events import SchedulerEvent
@@ -44,16 +45,22 @@ NOT_RECORDED = "Nothing was recorded; retry once the event log takes writes agai
 
 
 class EmbeddedCommandPort:
-    """Hands inputs straight to the shell of this process."""
+    """Hands inputs straight to the shell of this process; the inputs it waits on are the backlog that
+    ``admission`` bounds (the shell queues every input it is handed)."""
 
-    def __init__(self, shell: Scheduler) -> None:
+    def __init__(self, shell: Scheduler, admission: Admission | None = None) -> None:
         self.shell = shell
+        self.admission = admission or Admission()
 
     async def send(self, message: SchedulerInput) -> None:
+        self.admission.admit(message)
+        self.admission.handed(message.event_id)
         try:
             decided = await self.shell.handle(message)
         except StoreWriteFailed as exc:
             raise ServiceUnavailable(f"The event log cannot be written: {exc}. {NOT_RECORDED}") from None
+        finally:
+            self.admission.decided(message.event_id)
         raise_if_rejected(message, decided)
 
 
