@@ -256,9 +256,12 @@ class DistributedStack:
         auth: Keyring | None = None,
         browser: BrowserPolicy | None = None,
         kafka_security: KafkaSecurity = PLAINTEXT,
+        leave_running: bool = False,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.lock = DirectoryLock(data_dir)
+        self.leave_running = leave_running
+        """``stop`` leaves the running attempts to the next start (``gpuquota up --leave-running``)."""
         self.scheduler = SchedulerService(
             SchedulerConfig(
                 kafka=kafka,
@@ -315,6 +318,9 @@ class DistributedStack:
 
     async def stop(self) -> None:
         await self.gateway.stop()
+        if not self.leave_running:  # as the embedded stack: stopped, reported, requeued
+            reason = "gpuquota up stopped: attempt stopped (the job runs again at the next start)"
+            await asyncio.gather(*(a.agent.stop_attempts(reason) for a in self.agents))
         for agent in self.agents:
             await agent.stop()
         await self.scheduler.stop()

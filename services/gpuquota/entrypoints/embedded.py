@@ -4,6 +4,10 @@ The event log lives in SQLite under ``data_dir`` (``events.sqlite3``), so a rest
 last run stopped: the shell folds the log back into its state and read model before the gateway
 listens. Node agents talk to the shell directly: their inputs go to ``shell.handle`` and the shell's
 node commands are routed to ``agents[command.node_id].deliver``.
+
+Stopping (Ctrl-C, SIGTERM) stops the running attempts first, each reported STOPPED so its job is
+requeued for the next start: nothing is left running that a deleted data directory would orphan.
+With ``leave_running`` (``--leave-running``) they run on, recorded, for the next start to adopt.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ log = logging.getLogger(__name__)
 DEFAULT_NODES = "ml.g5.xlarge=3"
 LOCAL_ADDRESS = "127.0.0.1"
 """Where the local node agents reach each other (the instances of an attempt spread over them)."""
+STOPPED_REASON = "gpuquota up stopped: attempt stopped (the job runs again at the next start)"
 
 
 def node_slots(nodes: str) -> list[tuple[str, tuple[SlotOffer, ...]]]:
@@ -94,6 +99,7 @@ class EmbeddedStack:
         arns: ArnFactory | None = None,
         auth: Keyring | None = None,
         browser: BrowserPolicy | None = None,
+        leave_running: bool = False,
     ) -> None:
         # absolute: the jobs' directories derive from it, and a job's working directory is elsewhere
         self.data_dir = None if data_dir is None else Path(data_dir).absolute()
@@ -109,6 +115,8 @@ class EmbeddedStack:
         self.arns = arns or ArnFactory()
         self.auth = auth
         self.browser = browser
+        self.leave_running = leave_running
+        """``stop`` leaves the running attempts to the next start (adopted), instead of stopping them."""
         self.store: EventStore | None = None
         self.shell: SchedulerShell | None = None
         self.gateway: Gateway | None = None
@@ -185,6 +193,8 @@ class EmbeddedStack:
         if self._front is not None:
             await self._front.stop()
             self._front = None
+        if not self.leave_running:  # processes and containers are not left to a deleted data dir
+            await asyncio.gather(*(a.stop_attempts(STOPPED_REASON) for a in self.agents.values()))
         for agent in self.agents.values():
             await agent.stop()
         self.agents.clear()
@@ -224,6 +234,12 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
     add("--container-engine", choices=ENGINES, default=None, help="--runtime container: podman or docker")
     add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")
     add("--database-url", default=None, help="distributed mode: PostgreSQL URL (GPUQUOTA_DATABASE_URL)")
+    add(
+        "--leave-running",
+        action="store_true",
+        help="on stop (Ctrl-C, SIGTERM) leave running jobs to the next start, which adopts them "
+        "(default: stop them, SIGTERM then the preemption grace)",
+    )
     add_auth_keys(parser)
     add_browser_flags(parser)
 
@@ -277,6 +293,7 @@ def run_up(args: argparse.Namespace) -> int:
         auth=auth,
         container_engine=args.container_engine,
         browser=browser,
+        leave_running=args.leave_running,
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -316,6 +333,7 @@ def _run_distributed(
             auth=auth,
             browser=browser,
             kafka_security=security,
+            leave_running=args.leave_running,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())

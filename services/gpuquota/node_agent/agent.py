@@ -43,11 +43,12 @@ from typing import Any
 
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.ids import uuid4, uuid7
-from gpuquota.node_agent.outcomes import final_status
+from gpuquota.node_agent.outcomes import FinalStatus, final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepared_and_recorded
 from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook, AttemptPhase
-from gpuquota.node_agent.runtime import LaunchError, Outcome, Runtime, describe
+from gpuquota.node_agent.runtime import LaunchError, Runtime, describe
+from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.node_agent.saving import StateSaver
 from gpuquota.node_agent.sending import LOST_REASON, Send, SendMany, head_batch
 from gpuquota.observe.logs import bind
@@ -90,8 +91,11 @@ class NodeAgent:
         max_retry_seconds: float = 5.0,
         address: str = "",
         send_many: SendMany | None = None,
+        data: DataPlane | None = None,
     ) -> None:
         self.node_id = node_id
+        self.data = data if data is not None and runtime.name != "simulated" else DataPlane(None)
+        """S3: channels in, checkpoints and artifacts out (``s3_stage``); without a store, none."""
         self.address = address  # how other nodes reach this one (empty: by its node id)
         self.pool = pool
         self.slots = slots
@@ -119,6 +123,8 @@ class NodeAgent:
         """``drain`` began: a repeated registration repeats the DrainNode."""
         self._leaving = False
         """``drain`` emitted the DeregisterNode: RegisterAgain is ignored."""
+        self._closing = False
+        """``stop_attempts`` began: no RunAttempt is launched any more."""
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.registrations = 0
@@ -182,6 +188,18 @@ class NodeAgent:
         await self.flush()
         await self.stop()
 
+    async def stop_attempts(self, reason: str) -> None:
+        """Stops every attempt for good, as a stack that goes away does (``gpuquota up`` without
+        ``--leave-running``): SIGTERM, the preemption grace, SIGKILL, each reported STOPPED with
+        ``reason`` (the scheduler requeues its job); returns once all have ended. From then on a
+        RunAttempt is dropped, not launched: the next registration does not list it, so the
+        scheduler requeues it (incarnations, above)."""
+        self._closing = True
+        for att in list(self._attempts.values()):
+            if not att.done.is_set():
+                self._request_stop(att, reason)
+        await self.wait_idle()
+
     async def stop(self, flush_timeout: float = 1.0) -> None:
         """Stops the agent. Running processes are left alone (recorded for the next agent to adopt)."""
         with contextlib.suppress(TimeoutError):
@@ -221,6 +239,11 @@ class NodeAgent:
         if isinstance(command, RunAttempt):
             if command.attempt_id in self._attempts or command.attempt_id in self._finished:
                 log.info("ignoring repeated RunAttempt %s", command.attempt_id)
+                return
+            if self._closing:
+                log.warning(
+                    "dropping RunAttempt %s: the node's attempts are being stopped", command.attempt_id
+                )
                 return
             if command.incarnation and command.incarnation != self.incarnation:
                 self.stale_commands += 1
@@ -296,6 +319,7 @@ class NodeAgent:
                     cmd, self.node_id, self.slots, self.work_dir, self._saver.durable, contained=contained
                 )
                 att.max_runtime = spec.request.max_runtime_seconds
+                spec = await self.data.stage_in(spec)  # downloads: a stop request waits for them
                 if att.stop_reason is not None:
                     self._report(att, "STOPPED", reason=att.stop_reason)
                     return
@@ -323,6 +347,8 @@ class NodeAgent:
     async def _supervise(self, att: Attempt) -> None:
         handle = att.handle
         assert handle is not None
+        cmd, contained = att.command, getattr(self.runtime, "contained", False)
+        syncing = self.data.checkpoints(cmd, self.work_dir, contained)
         waiter = asyncio.ensure_future(handle.wait())
         try:
             if att.max_runtime is not None:
@@ -335,16 +361,19 @@ class NodeAgent:
             outcome = await waiter
         finally:
             waiter.cancel()
+            if syncing is not None:
+                syncing.cancel()
         if att.stop_task is None:
             att.move(AttemptPhase.ENDED)  # by itself: a stop request comes too late
         if att.stop_task is not None:
             await att.stop_task  # the whole process group is gone once this returns
         else:
             await handle.reap()
-        self._report_outcome(att, outcome)
-
-    def _report_outcome(self, att: Attempt, outcome: Outcome) -> None:
         final = final_status(outcome, att.stop_reason, att.max_runtime if att.timed_out else None)
+        # uploaded before the final report is recorded: a restarted agent uploads what is missing
+        self._report_outcome(att, await self.data.stage_out(cmd, self.work_dir, contained, final))
+
+    def _report_outcome(self, att: Attempt, final: FinalStatus | None) -> None:
         if final is not None:
             self._report(att, *final)
         elif att.adopted:
