@@ -17,6 +17,8 @@ from typing import Any
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError, default_endpoint
+from gpuquota.ctl.manage import configure_queues as configure_queues  # re-exported: `gpuquota queues`
+from gpuquota.ctl.manage import queues_command as queues_command
 from gpuquota.ctl.nodes import configure_nodes as configure_nodes  # re-exported: `gpuquota nodes`
 from gpuquota.ctl.nodes import nodes_command as nodes_command
 from gpuquota.ctl.render import Style
@@ -58,7 +60,8 @@ def run(command: Callable[[Api, argparse.Namespace, Style], int], args: argparse
             return loop(lambda: command(client, args, style), args)
         return command(api, args, style)
     except CliError as exc:
-        name = " ".join(filter(None, (args.command, getattr(args, "jobs_command", None))))
+        sub = (getattr(args, f"{c}_command", None) for c in ("jobs", "shares", "queues"))
+        name = " ".join(filter(None, (args.command, *sub)))
         print(f"gpuquota {name}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -277,13 +280,23 @@ def _jobs_terminate(api: Api, args: argparse.Namespace, style: Style) -> int:
 
 
 def configure_shares(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--queue", help="only this job queue")
-    add_watch(parser)
-    add_common(parser)
+    from gpuquota.ctl.manage import add_share_actions
+
+    sub = parser.add_subparsers(dest="shares_command", metavar="SUBCOMMAND")
+    listing = sub.add_parser("list", help="show the quota shares (the default)")
+    for p in (parser, listing):
+        p.add_argument("--queue", default=argparse.SUPPRESS, help="only this job queue")
+        add_watch(p)
+    for p in (parser, listing, *add_share_actions(sub)):
+        add_common(p)
 
 
 def shares_command(api: Api, args: argparse.Namespace, style: Style) -> int:
-    rows = api.shares(args.queue)
+    if getattr(args, "shares_command", None) not in (None, "list"):
+        from gpuquota.ctl.manage import share_action
+
+        return share_action(api, args, style)
+    rows = api.shares(getattr(args, "queue", None))
     if render.answered(args.output, "quotaShares", rows, "No quota shares."):
         return 0
     by_queue: dict[str, list[dict[str, Any]]] = {}
@@ -293,9 +306,33 @@ def shares_command(api: Api, args: argparse.Namespace, style: Style) -> int:
     for queue, queue_rows in by_queue.items():
         unit = render.single_unit(queue_rows)
         title = style(f"Job queue {queue}", "bold") + (f"  (instances of {unit})" if unit else "")
-        blocks.append(title + "\n" + format_shares(queue_rows, style))
+        blocks.append(title + "\n" + format_shares(queue_rows, style) + above_maximum(queue_rows, style))
     print("\n\n".join(blocks))
     return 0
+
+
+def _above(row: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """unit -> (usage, maximum) where the share holds more than its maximum M(s,u): its limit was
+    lowered (or its strategy changed) under running jobs, which finish; nothing new starts there."""
+    maxima = row.get("maximum") or {}
+    usage = row.get("usage") or {}
+    return {
+        u: (n, maxima[u])
+        for u, n in sorted(usage.items())
+        if maxima.get(u, 0) is not None and n > maxima.get(u, 0)
+    }
+
+
+def above_maximum(rows: list[dict[str, Any]], style: Style) -> str:
+    """The footnote of the shares marked ``*`` in USED."""
+    lines = []
+    for row in rows:
+        for unit, (used, most) in _above(row).items():
+            lines.append(
+                f"  * {row['quotaShareName']} above its maximum: {used}/{most} {unit} "
+                "(limit lowered; running jobs finish, no new ones start)"
+            )
+    return "".join("\n" + style(line, "red") for line in lines)
 
 
 def _preemption_cell(row: dict[str, Any]) -> str:
@@ -325,7 +362,7 @@ def format_shares(rows: list[dict[str, Any]], style: Style, *, jobs: dict[str, s
             style(row["quotaShareName"], "bold"),
             strategy,
             render.units(row["limits"], unit),
-            render.units(row.get("usage"), unit),
+            render.units(row.get("usage"), unit) + (style("*", "red") if _above(row) else ""),
             style(borrowed, "yellow") if borrowed not in ("0", "-") else borrowed,
             style(lent, "cyan") if lent not in ("0", "-") else lent,
             str(row.get("runnable", 0)),

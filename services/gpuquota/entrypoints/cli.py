@@ -2,9 +2,10 @@
 """``gpuquota`` command line: a thin dispatcher to the service entry points.
 
 Subcommands: ``version``, ``completion``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and
-the client commands ``apply``, ``jobs``, ``shares``, ``nodes``, ``explain`` (:mod:`gpuquota.ctl`). Services
-read their configuration from ``GPUQUOTA_*`` environment variables (see :mod:`gpuquota.settings`), not from
-flags. Usage errors exit 2 (argparse's convention), failures 1; ``docs/cli.md`` embeds every ``--help``.
+the client commands ``apply``, ``jobs``, ``shares``, ``queues``, ``nodes``, ``explain``
+(:mod:`gpuquota.ctl`). Services read their configuration from ``GPUQUOTA_*`` environment variables
+(see :mod:`gpuquota.settings`), not from flags. Usage errors exit 2 (argparse's convention), failures
+1; ``docs/cli.md`` embeds every ``--help``.
 """
 
 from __future__ import annotations
@@ -125,11 +126,15 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     ),
     "apply": ("create or update policy, environment, queue and quota shares from YAML", _client("apply")),
     "jobs": ("submit, list, describe, reprioritise or terminate jobs; read their logs", _client("jobs")),
-    "shares": ("show quota shares: limits, usage, borrowed, lent, queued", _client("shares")),
+    "shares": (
+        "show quota shares: limits, usage, borrowed, lent, queued; disable, enable or delete one",
+        _client("shares"),
+    ),
+    "queues": ("list job queues; disable, enable or delete one", _client("queues")),
     "nodes": ("list nodes (slots, GPUs, attempts, heartbeat); drain or undrain one", _client("nodes")),
     "explain": ("explain why a job waits or was preempted", _client("explain")),
     "env": (
-        "print the shell set-up of boto3 and the SageMaker SDK for this stack: eval \"$(gpuquota env)\"",
+        'print the shell set-up of boto3 and the SageMaker SDK for this stack: eval "$(gpuquota env)"',
         _imported("gpuquota.ctl.env", "run_env"),
     ),
     "simulate": ("replay a trace through the scheduler under several configurations", _sim("simulate")),
@@ -150,6 +155,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "apply": _imported("gpuquota.ctl.commands", "configure_apply"),
     "jobs": _imported("gpuquota.ctl.commands", "configure_jobs"),
     "shares": _imported("gpuquota.ctl.commands", "configure_shares"),
+    "queues": _imported("gpuquota.ctl.manage", "configure_queues"),
     "nodes": _imported("gpuquota.ctl.commands", "configure_nodes"),
     "explain": _imported("gpuquota.ctl.commands", "configure_explain"),
     "env": _imported("gpuquota.ctl.env", "configure_env"),
