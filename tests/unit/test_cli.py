@@ -50,7 +50,7 @@ def test_dash_dash_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_bad_flag_prints_the_subcommands_usage(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, prog in (
-        (["shares", "--sahre", "x"], "gpuquota shares"),
+        (["shares", "--sahre=x"], "gpuquota shares"),
         (["jobs", "list", "--sahre", "x"], "gpuquota jobs list"),
         (["nodes", "drain", "n", "--bogus"], "gpuquota nodes drain"),
     ):
