@@ -1,8 +1,9 @@
 """From a ``RunAttempt`` to a ``LaunchSpec``: the checks, the job's environment and its directories.
 
 Every directory a job sees (``SM_CHECKPOINT_DIR``, its log, its working directory, its exit file) is
-absolute: the job's working directory is the node's work directory, so a relative path would resolve
-elsewhere (``gpuquota up`` with its default, relative ``--data-dir``).
+absolute: the job's working directory is the node's work directory or the one it was submitted from
+(``instances.working_dir``), so a relative path would resolve elsewhere (``gpuquota up`` with its
+default, relative ``--data-dir``).
 """
 
 from __future__ import annotations
