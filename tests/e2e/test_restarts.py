@@ -137,7 +137,9 @@ async def test_the_client_waits_for_the_restarted_stack_not_a_process_on_its_old
 
 
 async def test_sigterm_restarts_keep_running_jobs(up: Up) -> None:
-    """A clean restart adopts the running jobs: they end SUCCEEDED by their real exit code, once."""
+    """A clean restart with ``--leave-running`` adopts the running jobs: they end SUCCEEDED by their
+    real exit code, once (without it, a stop stops them: tests/cli/test_up_stop.py)."""
+    up.extra.append("--leave-running")
     await up.start()
     await asyncio.to_thread(setup_queue, up.url, SLOTS)
     client = Client(
