@@ -72,6 +72,16 @@ GPUQUOTA_CONTAINER_ENGINE      ``podman`` or ``docker`` for the ``container`` ru
                                (default: the first found)
 GPUQUOTA_ADVERTISE_ADDRESS     how other nodes reach this one (attempts spread over     node-agent
                                nodes; default: the host name)
+GPUQUOTA_S3_ENDPOINT_URL       S3-compatible endpoint of the jobs' data (channels,      node-agent
+                               checkpoints, model.tar.gz); unset: no S3, outputs stay
+GPUQUOTA_S3_REGION             region the S3 requests are signed for (us-east-1)        node-agent
+GPUQUOTA_S3_ACCESS_KEY_ID      S3 access key id (unset: boto3's default chain)          node-agent
+GPUQUOTA_S3_SECRET_ACCESS_KEY  its secret key (secret; or ..._SECRET_ACCESS_KEY_FILE)   node-agent
+GPUQUOTA_S3_SECRET_ACCESS_KEY_FILE file holding the S3 secret key (one trailing         node-agent
+                               newline is dropped)
+GPUQUOTA_S3_CHECKPOINT_SECONDS seconds between uploads of a running attempt's           node-agent
+                               checkpoints to ``CheckpointConfig.S3Uri`` (30; 0: at
+                               its end only)
 =============================  ======================================================  =========
 """
 
@@ -100,7 +110,7 @@ _HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 #: fields whose values never appear in error messages (may contain passwords)
-_SECRET_FIELDS = frozenset({"database_url", "node_token", "kafka_sasl_password"})
+_SECRET_FIELDS = frozenset({"database_url", "node_token", "kafka_sasl_password", "s3_secret_access_key"})
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Name = Annotated[str, Field(pattern=_NAME.pattern)]
@@ -412,14 +422,54 @@ class SchedulerSettings(_DatabaseSettings):
         return specs
 
 
-class NodeAgentSettings(_Settings):
+class S3Settings(BaseModel):
+    """A node agent's S3 (``GPUQUOTA_S3_*``): ``gpuquota node-agent`` and ``gpuquota up`` read them.
+
+    ``gpuquota.node_agent.s3_transfer.S3Config`` is what the agent takes (:meth:`s3_secret`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    s3_endpoint_url: Annotated[str, Field(pattern=r"^(https?://[^\s/]+/?)?$")] = ""
+    s3_region: Annotated[str, Field(pattern=r"^[a-z0-9-]{1,64}$")] = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: SecretStr | None = None
+    s3_secret_access_key_file: Path | None = Field(None, validate_default=True)
+    s3_checkpoint_seconds: Annotated[float, Field(ge=0, le=86400)] = 30.0
+
+    @classmethod
+    def s3_from_env(cls, environ: Mapping[str, str]) -> S3Settings:
+        """Only the ``GPUQUOTA_S3_*`` variables of ``environ`` (``gpuquota up``); raises SettingsError."""
+        raw = {name: environ[env_var(name)] for name in S3Settings.model_fields if env_var(name) in environ}
+        try:
+            return S3Settings.model_validate(raw)
+        except ValidationError as exc:
+            problems = {env_var(str(e["loc"][0])) if e["loc"] else "S3": e["msg"] for e in exc.errors()}
+            raise SettingsError(problems) from None
+
+    @field_validator("s3_secret_access_key_file")
+    @classmethod
+    def _check_s3_secret_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None:
+            if info.data.get("s3_secret_access_key") is not None:
+                raise ValueError("set GPUQUOTA_S3_SECRET_ACCESS_KEY or this file, not both")
+            read_secret(value)  # fail at start-up, not at the first upload
+        return value
+
+    def s3_secret(self) -> str | None:
+        """The secret key; its file is read now (a rotated secret is picked up at the next start)."""
+        if self.s3_secret_access_key_file is not None:
+            return read_secret(self.s3_secret_access_key_file)
+        return None if self.s3_secret_access_key is None else self.s3_secret_access_key.get_secret_value()
+
+
+class NodeAgentSettings(_Settings, S3Settings):
     """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
     GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS,
     GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_LOGS_HOST, GPUQUOTA_NODE_TOKEN_FILE, GPUQUOTA_NODE_TOKEN,
     GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL,
-    GPUQUOTA_ADVERTISE_ADDRESS. ``runtime`` ``subprocess`` means
+    GPUQUOTA_ADVERTISE_ADDRESS and GPUQUOTA_S3_* (:class:`S3Settings`). ``runtime`` ``subprocess`` means
     ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
     work directory.
     """

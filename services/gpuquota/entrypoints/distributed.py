@@ -40,6 +40,7 @@ from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, Runtime
 from gpuquota.node_agent.kafka_link import KafkaNodeLink
 from gpuquota.node_agent.logs import LogServer
+from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
 from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import drain, run_service, wait_for_dependencies, warn_unknown_variables
@@ -200,6 +201,7 @@ class NodeAgentService:
         logs_token: str | None = None,
         address: str = "",
         kafka_security: KafkaSecurity = PLAINTEXT,
+        data: DataPlane | None = None,
     ) -> None:
         self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool, security=kafka_security)
         self.log_server = (
@@ -215,6 +217,7 @@ class NodeAgentService:
             heartbeat_seconds=heartbeat_seconds,
             preemption_grace=preemption_grace,
             address=address,
+            data=data,
         )
         self._feed: asyncio.Task[None] | None = None
 
@@ -257,6 +260,7 @@ class DistributedStack:
         browser: BrowserPolicy | None = None,
         kafka_security: KafkaSecurity = PLAINTEXT,
         leave_running: bool = False,
+        data: DataPlane | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.lock = DirectoryLock(data_dir)
@@ -302,6 +306,7 @@ class DistributedStack:
                     preemption_grace=preemption_grace,
                     address="127.0.0.1",  # the stack's agents share this machine
                     kafka_security=kafka_security,
+                    data=data,
                 )
                 self.agents.append(service)
 

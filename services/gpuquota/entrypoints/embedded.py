@@ -28,6 +28,7 @@ from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
+from gpuquota.entrypoints.local_s3 import LocalS3Error, s3_settings
 from gpuquota.exposure import allowed_by_env
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, Keyring, add_auth_keys, load_auth
@@ -41,6 +42,7 @@ from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
 from gpuquota.node_agent.container import ENGINES
+from gpuquota.node_agent.s3_stage import DataPlane, data_plane
 from gpuquota.node_agent.slots import node_slot_groups
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
@@ -49,7 +51,7 @@ from gpuquota.observe.startup import drain, run_loop, warn_unknown_variables
 from gpuquota.readmodel import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
-from gpuquota.settings import KafkaClientSettings, KafkaSecurity, SettingsError, forget_secrets
+from gpuquota.settings import PLAINTEXT, KafkaClientSettings, KafkaSecurity, SettingsError, forget_secrets
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand
@@ -100,7 +102,10 @@ class EmbeddedStack:
         auth: Keyring | None = None,
         browser: BrowserPolicy | None = None,
         leave_running: bool = False,
+        data: DataPlane | None = None,
     ) -> None:
+        self.data = data
+        """The node agents' S3 (``--s3``; None: none)."""
         # absolute: the jobs' directories derive from it, and a job's working directory is elsewhere
         self.data_dir = None if data_dir is None else Path(data_dir).absolute()
         self.lock = None if self.data_dir is None else DirectoryLock(self.data_dir)
@@ -175,6 +180,7 @@ class EmbeddedStack:
                 preemption_grace=self.preemption_grace,
                 address=LOCAL_ADDRESS,
                 send_many=lambda messages: handle_in_order(shell, messages),
+                data=self.data,
             )
             self.agents[node_id] = agent
             await agent.start()
@@ -235,6 +241,13 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
     add("--kafka", default=None, help="distributed mode: Kafka bootstrap servers (GPUQUOTA_KAFKA)")
     add("--database-url", default=None, help="distributed mode: PostgreSQL URL (GPUQUOTA_DATABASE_URL)")
     add(
+        "--s3",
+        default=None,
+        metavar="local|URL",
+        help="the jobs' S3 (channels, checkpoints, model.tar.gz): local starts deploy/local/s3.sh and stops "
+        "it on exit; URL an S3-compatible endpoint (GPUQUOTA_S3_ENDPOINT_URL; keys GPUQUOTA_S3_*)",
+    )
+    add(
         "--leave-running",
         action="store_true",
         help="on stop (Ctrl-C, SIGTERM) leave running jobs to the next start, which adopts them "
@@ -272,18 +285,41 @@ def run_up(args: argparse.Namespace) -> int:
         return 2
     kafka = args.kafka or os.environ.get("GPUQUOTA_KAFKA")
     database_url = args.database_url or os.environ.get("GPUQUOTA_DATABASE_URL")
+    try:  # distributed mode's Kafka credentials (GPUQUOTA_KAFKA_*), before their secrets are forgotten
+        environ = {**os.environ, "GPUQUOTA_KAFKA": kafka or ""}
+        security = KafkaClientSettings.from_env(environ).kafka_security if kafka else PLAINTEXT
+    except (SettingsError, ValueError) as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 2
+    try:  # the node agents' S3 (--s3, GPUQUOTA_S3_*), before its secret is forgotten
+        s3, local_s3 = s3_settings(args.s3, os.environ, Path(args.data_dir))
+    except (SettingsError, LocalS3Error) as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run_up(args, distributed, kafka, database_url, port, auth, browser, security, data_plane(s3))
+    finally:
+        if local_s3 is not None:
+            local_s3.stop()
+
+
+def _run_up(
+    args: argparse.Namespace,
+    distributed: tuple[str | None, ...],
+    kafka: str | None,
+    database_url: str | None,
+    port: int,
+    auth: Keyring | None,
+    browser: BrowserPolicy,
+    security: KafkaSecurity,
+    data: DataPlane,
+) -> int:
     forget_secrets(os.environ)  # read: the jobs of the local agents do not inherit them
     if any(distributed):
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
-        try:  # distributed mode's Kafka credentials (GPUQUOTA_KAFKA_*)
-            environ = {**os.environ, "GPUQUOTA_KAFKA": kafka}
-            security = KafkaClientSettings.from_env(environ).kafka_security
-        except (SettingsError, ValueError) as exc:
-            print(f"gpuquota up: {exc}", file=sys.stderr)
-            return 2
-        return _run_distributed(args, kafka, database_url, port, auth, browser, security)
+        return _run_distributed(args, kafka, database_url, port, auth, browser, security, data)
     stack = EmbeddedStack(
         args.data_dir,
         args.host,
@@ -294,6 +330,7 @@ def run_up(args: argparse.Namespace) -> int:
         container_engine=args.container_engine,
         browser=browser,
         leave_running=args.leave_running,
+        data=data,
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -312,6 +349,7 @@ def _run_distributed(
     auth: Keyring | None,
     browser: BrowserPolicy,
     security: KafkaSecurity,
+    data: DataPlane | None = None,
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import DistributedStack, serve
@@ -334,6 +372,7 @@ def _run_distributed(
             browser=browser,
             kafka_security=security,
             leave_running=args.leave_running,
+            data=data,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())

@@ -128,6 +128,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import NodeAgentService, configure_logging, serve
     from gpuquota.node_agent import make_runtime
+    from gpuquota.node_agent.s3_stage import data_plane
     from gpuquota.observe.logs import bind
     from gpuquota.observe.services import agent_ops
     from gpuquota.observe.startup import run_service, wait_for_dependencies
@@ -159,6 +160,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str
             logs_token=token,
             address=settings.advertise_address or socket.gethostname(),
             kafka_security=settings.kafka_security,
+            data=data_plane(settings),
         )
         port = settings.metrics_port
         ops = None if port is None else agent_ops(service, settings.kafka, port)

@@ -19,6 +19,10 @@ class InputChannel:
     name: str
     uri: str
     settings: dict[str, Any] = field(default_factory=dict)
+    data_type: str = "S3Prefix"
+    """``S3DataSource.S3DataType``: ``S3Prefix`` (every object under the URI) or ``ManifestFile``."""
+    input_mode: str = "File"
+    """The channel's ``InputMode``, else ``AlgorithmSpecification.TrainingInputMode``, else ``File``."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,12 @@ class TrainingRequest:
     checkpoint_local_path: str | None = None
     training_image: str | None = None
     channels: tuple[InputChannel, ...] = ()
+    training_job_name: str | None = None
+    output_path: str | None = None
+    """``OutputDataConfig.S3OutputPath``: where ``model.tar.gz`` and ``output.tar.gz`` go."""
+    checkpoint_uri: str | None = None
+    """``CheckpointConfig.S3Uri``: the checkpoint directory's copy in S3."""
+    role_arn: str | None = None
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -98,9 +108,17 @@ def parse_payload(payload: str) -> TrainingRequest:
         raise BadPayload(
             "Invalid serviceRequestPayload: AlgorithmSpecification.TrainingImage must be a string"
         )
+    mode = algo.get("TrainingInputMode", "File")
     return TrainingRequest(
         training_image=image,
-        channels=_channels(doc.get("InputDataConfig")),
+        channels=_channels(doc.get("InputDataConfig"), mode if isinstance(mode, str) else "File"),
+        training_job_name=_optional_str(doc.get("TrainingJobName"), "TrainingJobName"),
+        output_path=_optional_str(
+            _obj(doc.get("OutputDataConfig"), "OutputDataConfig").get("S3OutputPath"),
+            "OutputDataConfig.S3OutputPath",
+        ),
+        checkpoint_uri=_optional_str(checkpoint.get("S3Uri"), "CheckpointConfig.S3Uri"),
+        role_arn=_optional_str(doc.get("RoleArn"), "RoleArn"),
         entrypoint=_strings(algo.get("ContainerEntrypoint"), "AlgorithmSpecification.ContainerEntrypoint"),
         arguments=_strings(algo.get("ContainerArguments"), "AlgorithmSpecification.ContainerArguments"),
         environment=_str_map(doc.get("Environment"), "Environment"),
@@ -112,7 +130,15 @@ def parse_payload(payload: str) -> TrainingRequest:
     )
 
 
-def _channels(value: Any) -> tuple[InputChannel, ...]:
+def _optional_str(value: Any, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise BadPayload(f"Invalid serviceRequestPayload: {where} must be a string")
+    return value
+
+
+def _channels(value: Any, default_mode: str = "File") -> tuple[InputChannel, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -134,7 +160,17 @@ def _channels(value: Any) -> tuple[InputChannel, ...]:
                 f"Invalid serviceRequestPayload: channel {name} has no DataSource.S3DataSource.S3Uri"
             )
         settings = {k: v for k, v in entry.items() if k not in ("ChannelName", "DataSource")}
-        channels.append(InputChannel(name=name, uri=uri, settings=settings))
+        data_type = source.get("S3DataType", "S3Prefix")
+        mode = entry.get("InputMode", default_mode)
+        channels.append(
+            InputChannel(
+                name=name,
+                uri=uri,
+                settings=settings,
+                data_type=data_type if isinstance(data_type, str) else "S3Prefix",
+                input_mode=mode if isinstance(mode, str) else "File",
+            )
+        )
     if len({c.name for c in channels}) != len(channels):
         raise BadPayload("Invalid serviceRequestPayload: InputDataConfig has a channel name twice")
     return tuple(channels)

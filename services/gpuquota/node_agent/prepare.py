@@ -115,6 +115,15 @@ def attempt_outputs(cmd: RunAttempt, work_dir: Path) -> tuple[InstanceOutput, ..
     )
 
 
+def checkpoint_dir(cmd: RunAttempt, work_dir: Path, *, contained: bool = False) -> Path | None:
+    """The job's checkpoint directory on the node, as ``prepare`` makes it (an attempt adopted after a
+    restart has no spec); None when the payload cannot be read or the directory cannot be made."""
+    try:
+        return _checkpoint_dir(cmd, parse_payload(cmd.payload), work_dir.absolute(), contained)
+    except BadPayload:
+        return None
+
+
 def _first_rank(cmd: RunAttempt, node_id: str) -> int:
     """The rank of this node's first instance in the attempt's gang (0 when the attempt is all here)."""
     if not cmd.gang:

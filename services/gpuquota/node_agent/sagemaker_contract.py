@@ -4,8 +4,10 @@ For each instance the node keeps ``<work dir>/attempts/<attempt>/<host>/`` with 
 (``hyperparameters.json``, ``resourceconfig.json``, ``inputdataconfig.json``), ``model/`` and
 ``output/``; they are bound to ``/opt/ml/input/config`` (read-only), ``/opt/ml/model`` and
 ``/opt/ml/output``. Channels whose ``S3Uri`` is a ``file://`` URI or an absolute path on the node are
-bound read-only to ``/opt/ml/input/data/<channel>``; any other URI fails the attempt at launch. The
-job's checkpoint directory (kept across attempts) is bound to ``CheckpointConfig.LocalPath`` or
+bound read-only to ``/opt/ml/input/data/<channel>``; an ``s3://`` channel, which the agent downloaded
+into the attempt's channel directory (``s3_stage``) when it has an S3 endpoint, is bound read-write
+there (the SDK's drivers ``chmod`` their scripts); without an endpoint it fails the attempt at launch.
+The job's checkpoint directory (kept across attempts) is bound to ``CheckpointConfig.LocalPath`` or
 ``/opt/ml/checkpoints``.
 """
 
@@ -74,12 +76,23 @@ def channel_source(channel: InputChannel) -> Path:
         path = Path(uri)
     else:
         raise LaunchError(
-            f"Channel {channel.name}: {uri} is not on this node; the container runtime reads channels "
-            "from file:// URIs or absolute paths only"
+            f"Channel {channel.name}: {uri} is not on this node; without an S3 endpoint "
+            "(GPUQUOTA_S3_ENDPOINT_URL) the node agent reads channels from file:// URIs or absolute "
+            "paths only"
         )
     if not path.exists():
         raise LaunchError(f"Channel {channel.name}: {path} does not exist on this node")
     return path
+
+
+def channel_mount(spec: LaunchSpec, channel: InputChannel) -> Mount:
+    """A node path read-only; a downloaded S3 channel (``SM_CHANNEL_<NAME>`` names its directory)
+    read-write, as SageMaker's File mode gives it."""
+    target = f"{ML}/input/data/{channel.name}"
+    downloaded = spec.env.get("SM_CHANNEL_" + re.sub(r"[^A-Z0-9_]", "_", channel.name.upper()))
+    if channel.uri.startswith("s3://") and downloaded:
+        return Mount(Path(downloaded), target, read_only=False)
+    return Mount(channel_source(channel), target, read_only=True)
 
 
 def checkpoint_target(spec: LaunchSpec) -> str:
@@ -129,7 +142,7 @@ def prepare_instance(spec: LaunchSpec, instance: Instance, instance_env: dict[st
         Mount(root / "output", f"{ML}/output", read_only=False),
         Mount(job_checkpoint_dir(spec), checkpoint_target(spec), read_only=False),
     ]
-    mounts += [Mount(channel_source(c), f"{ML}/input/data/{c.name}", True) for c in request.channels]
+    mounts += [channel_mount(spec, c) for c in request.channels]
     return InstanceLayout(root, tuple(mounts), container_env(spec, instance_env))
 
 
