@@ -162,3 +162,25 @@ def _root_logging_restored() -> Iterator[None]:
         if handler not in handlers:
             root.removeHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server (S3Proxy, ``deploy/local/s3.sh``) for this session: the
+    ``GPUQUOTA_S3_*`` variables of its client (``client.env``, the secret itself included)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_keyboard_interrupt)
+    service = LocalService("s3.sh", "S3_RUN_DIR", "endpoint")
+    try:
+        service.start()
+    except (LauncherError, OSError, subprocess.TimeoutExpired) as exc:
+        service.stop()
+        unavailable("S3 server", "S3_RUN_DIR", f"local launcher failed: {exc}")
+    try:
+        pairs = (line.split("=", 1) for line in (service.run_dir / "client.env").read_text().splitlines())
+        env = dict(pairs)
+        env["GPUQUOTA_S3_SECRET_ACCESS_KEY"] = (service.run_dir / "secret").read_text().strip()
+        del env["GPUQUOTA_S3_SECRET_ACCESS_KEY_FILE"]
+        yield env
+    finally:
+        service.stop()
