@@ -155,7 +155,7 @@ async def test_a_manifest_channel_in_fastfile_mode_is_served_as_file(
     [
         (
             lambda b: channel("train", f"s3://{b}/nothing-here/"),
-            'ClientError: No S3 objects found under S3 URL "s3://{b}/nothing-here/" given in input data source',
+            'ClientError: No S3 objects found under S3 URL "s3://{b}/nothing-here/" given in input data',
         ),
         (
             lambda b: channel("train", f"s3://{b}/missing-manifest.json", "ManifestFile"),
