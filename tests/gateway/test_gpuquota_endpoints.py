@@ -49,6 +49,7 @@ def test_shares(stack: Stack) -> None:
         "borrowLimit": 200,
         "inSharePreemption": "ENABLED",
         "limits": {"ml.g5.xlarge": 1},
+        "maximum": {"ml.g5.xlarge": 3},  # M(s, u): the limit and a borrowLimit of 200 % more
         "usage": {"ml.g5.xlarge": 1},
         "borrowed": {},
         "lent": {},

@@ -66,15 +66,26 @@ async def run(argv: list[str], timeout: float | None, poll_seconds: float = 0.05
     ``timeout`` seconds (None: no limit), and kills the command then, or when cancelled."""
     loop = asyncio.get_running_loop()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = await loop.run_in_executor(launcher(), functools.partial(_start_command, argv, out, err))
+        started = loop.run_in_executor(launcher(), functools.partial(_start_command, argv, out, err))
+        try:
+            child = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            # cancelled while the thread starts it: the command exists once the start returns, and
+            # nothing else holds it, so it is killed here rather than left running unreaped
+            _kill(await started)
+            raise
         try:
             code = await asyncio.wait_for(exited(child, poll_seconds), timeout)
         except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
-            child.wait()  # killed: at once
+            _kill(child)
             raise
         return code, _read(out), _read(err)
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    child.wait()  # killed: at once
 
 
 def _start_command(argv: list[str], out: IO[bytes], err: IO[bytes]) -> subprocess.Popen[bytes]:
