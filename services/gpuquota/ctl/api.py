@@ -143,12 +143,16 @@ class Api:
         """``GET`` one of gpuquota's own read endpoints (``/gpuquota/v1/...``) as JSON."""
         return self.request("GET", path, **query)
 
-    def request(self, method: str, path: str, **query: str | None) -> dict[str, Any]:
-        """``method`` (without a body) on one of gpuquota's own endpoints, answered as JSON."""
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, **query: str | None
+    ) -> dict[str, Any]:
+        """``method`` (with ``body`` as JSON, if any) on one of gpuquota's own endpoints, answered as
+        JSON."""
         params = {k: v for k, v in query.items() if v is not None}
         url = self.endpoint + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        data = None if body is None else json.dumps(body).encode()
         try:
-            with urllib.request.urlopen(self._signed(method, url), timeout=self.timeout) as response:
+            with urllib.request.urlopen(self._signed(method, url, data), timeout=self.timeout) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             raise CliError(_error_message(exc)) from None
@@ -162,8 +166,8 @@ class Api:
             raise CliError(f"{url} did not answer a JSON object")
         return data
 
-    def _signed(self, method: str, url: str) -> urllib.request.Request:
-        """A ``method`` request of ``url`` (no body), SigV4-signed with the ``batch`` client's keys."""
+    def _signed(self, method: str, url: str, data: bytes | None = None) -> urllib.request.Request:
+        """A ``method`` request of ``url`` (with ``data``), SigV4-signed with the ``batch`` client's keys."""
         import boto3
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
@@ -173,9 +177,9 @@ class Api:
         signer = SigV4Auth(credentials or Credentials("gpuquota", "gpuquota"), "batch", REGION)
         # the gateway takes a POST only as JSON (gpuquota.gateway.browser_guard), even without a body
         headers = {"Content-Type": "application/json"} if method == "POST" else {}
-        request = AWSRequest(method=method, url=url, headers=headers)
+        request = AWSRequest(method=method, url=url, headers=headers, data=data)
         signer.add_auth(request)
-        return urllib.request.Request(url, headers=dict(request.headers.items()), method=method)
+        return urllib.request.Request(url, data, headers=dict(request.headers.items()), method=method)
 
     def shares(self, queue: str | None = None) -> list[dict[str, Any]]:
         rows = self.get("/gpuquota/v1/shares", queue=queue)["quotaShares"]
@@ -187,6 +191,10 @@ class Api:
     def logs(self, job: str, attempt: int | None, offset: int) -> dict[str, Any]:
         path = f"/gpuquota/v1/jobs/{urllib.parse.quote(job, safe='')}/logs"
         return self.get(path, attempt=None if attempt is None else str(attempt), offset=str(offset))
+
+    def impact(self, operations: list[dict[str, Any]]) -> dict[str, Any]:
+        """What these writes would do to the jobs (``gpuquota apply --dry-run``), nothing applied."""
+        return dict(self.request("POST", "/gpuquota/v1/impact", {"operations": operations})["impact"])
 
     def nodes(self) -> list[dict[str, Any]]:
         return list(self.get("/gpuquota/v1/nodes")["nodes"])

@@ -92,6 +92,10 @@ class Kind:
     def label(self) -> str:
         return self.stem.replace("_", " ")
 
+    def operation(self, verb: str) -> str:
+        """The AWS operation's name: ``operation("Update")`` of ``quota_share`` is ``UpdateQuotaShare``."""
+        return verb + "".join(word.capitalize() for word in self.stem.split("_"))
+
 
 POLICY = Kind("scheduling_policy", "arn", "arn")
 ENVIRONMENT = Kind("service_environment", "serviceEnvironment", "serviceEnvironmentArn")
@@ -104,6 +108,9 @@ class Applier:
         self.api = api
         self.dry_run = dry_run
         self.changes: list[Change] = []
+        self.planned: list[dict[str, Any]] = []
+        """In a dry run: the writes it would have sent, ``{"operation": ..., "request": ...}`` in order
+        (``POST /gpuquota/v1/impact`` says what they would do; tags are not among them)."""
 
     def run(self, doc: ApplyDoc) -> list[Change]:
         if doc.schedulingPolicy is not None:
@@ -161,8 +168,11 @@ class Applier:
         """Create a resource (not in a dry run) and record the creation; what the API answered
         (``None`` in a dry run)."""
         created: dict[str, Any] | None = None
-        if not self.dry_run:
-            created = self.api.call(f"create_{kind.stem}", **request, **({"tags": tags} if tags else {}))
+        request = {**request, **({"tags": tags} if tags else {})}
+        if self.dry_run:
+            self.planned.append({"operation": kind.operation("Create"), "request": request})
+        else:
+            created = self.api.call(f"create_{kind.stem}", **request)
         self._record(kind.label, name, [], created=True)
         return created
 
@@ -175,7 +185,10 @@ class Applier:
         update: dict[str, Any],
     ) -> None:
         """Send ``update`` (if any, not in a dry run) and wait until the resource is valid again."""
-        if update and not self.dry_run:
+        if update and self.dry_run:
+            request = {kind.identity: identity, **update}
+            self.planned.append({"operation": kind.operation("Update"), "request": request})
+        elif update:
             self.api.call(f"update_{kind.stem}", **{kind.identity: identity}, **update)
             self._wait_described(kind, name, describe)
 

@@ -87,16 +87,19 @@ def quiet_stdout() -> None:
 
 def configure_apply(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, help="the YAML file to apply")
-    parser.add_argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    parser.add_argument("--dry-run", action="store_true", help="show what would change and its impact")
     add_common(parser)
 
 
 def apply_command(api: Api, args: argparse.Namespace, style: Style) -> int:
     from gpuquota.ctl.apply import apply
     from gpuquota.ctl.apply_doc import load
+    from gpuquota.ctl.impact import dry_run_command
 
     doc = load(args.file)
-    changes = apply(api, doc, dry_run=args.dry_run)
+    if args.dry_run:  # the changes and what they would do to the jobs: gpuquota.ctl.impact
+        return dry_run_command(api, doc, args, style)
+    changes = apply(api, doc)
     if args.output == "json":
         render.dump_json({"changes": [c.as_dict() for c in changes]})
         return 0

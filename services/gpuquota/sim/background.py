@@ -88,7 +88,7 @@ def _resting(run: Run) -> bool:
     return time.perf_counter() - run.ended_s < rest
 
 
-def _pickled(state: ClusterState) -> bytes:
+def pickled(state: ClusterState) -> bytes:
     """The state's copy, with the collector off meanwhile (pickling allocates its memo as it walks
     every record, which would set off collections that walk them all again)."""
     collecting = gc.isenabled()
@@ -157,7 +157,7 @@ class BackgroundEstimator:
         waiting = frozenset(j.job_id for j in state.jobs.values() if j.status is JobStatus.RUNNABLE)
         run = Run(version, state.applied, now, sync.observed_medians(read_model), waiting)
         run.reached = [now, now]
-        copy = _pickled(state)
+        copy = pickled(state)
         self.current = run
         threading.Thread(target=self._sweep, args=(run, copy), name="start-estimate", daemon=True).start()
         return run
