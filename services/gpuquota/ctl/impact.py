@@ -23,7 +23,7 @@ SHARE_FIGURES = ("limits", "usage", "borrowed", "lent", "reserved")
 
 
 def dry_run_command(api: Api, doc: ApplyDoc, args: argparse.Namespace, style: Style) -> int:
-    from gpuquota.ctl.commands import format_changes
+    from gpuquota.ctl.commands import format_changes  # here: commands imports this module lazily
 
     applier = Applier(api, dry_run=True)
     changes = applier.run(doc)
@@ -38,6 +38,8 @@ def dry_run_command(api: Api, doc: ApplyDoc, args: argparse.Namespace, style: St
 
 
 def format_impact(impact: dict[str, Any], style: Style) -> str:
+    from gpuquota.ctl.commands import kind_label
+
     at = impact["at"]
     blocks = [
         style(f"Impact, from the live state at {render.when(at)} (nothing applied)", "bold"),
@@ -46,7 +48,7 @@ def format_impact(impact: dict[str, Any], style: Style) -> str:
             "Stopped at once",
             ["JOB", "NAME", "SHARE", "KIND", "REASON"],
             [
-                [r["job"], r["jobName"], _share(r), r["kind"], render.shorten(r["reason"])]
+                [r["job"], r["jobName"], _share(r), kind_label(r["kind"]), render.shorten(r["reason"])]
                 for r in impact["preempted_now"]
             ],
             style,
@@ -105,10 +107,15 @@ def _start(ms: int | None, at: int) -> str:
 
 
 def _moved(row: dict[str, Any]) -> str:
+    """``12 min later``, ``1.5 h earlier``; ``-`` when one side has no start."""
     moved = row["movedSeconds"]
     if moved is None:
         return "-"
-    return f"{'+' if moved >= 0 else ''}{moved:.0f} s"
+    size = abs(moved)
+    amount = (
+        f"{size:.0f} s" if size < 120 else f"{size / 60:.0f} min" if size < 7200 else f"{size / 3600:.1f} h"
+    )
+    return f"{amount} {'later' if moved >= 0 else 'earlier'}"
 
 
 def _shares(shares: list[dict[str, Any]]) -> str:
