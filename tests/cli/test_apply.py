@@ -21,8 +21,9 @@ QUEUE = "my-sm-training-qm-jq"
 
 
 def actions(out: str) -> dict[str, str]:
-    """NAME -> ACTION from apply's table (the last line is the summary)."""
-    rows = [line.split() for line in out.strip().splitlines()[1:-1]]
+    """NAME -> ACTION from apply's table (the last line is the summary; a dry run's impact follows
+    after a blank line)."""
+    rows = [line.split() for line in out.strip().split("\n\n")[0].splitlines()[1:-1]]
     return {row[2] if row[0] in ("scheduling", "service", "job", "quota") else row[1]: row[3] for row in rows}
 
 

@@ -143,16 +143,20 @@ class Api:
         """``GET`` one of gpuquota's own read endpoints (``/gpuquota/v1/...``) as JSON."""
         return self.request("GET", path, **query)
 
-    def request(
-        self, method: str, path: str, body: dict[str, Any] | None = None, **query: str | None
-    ) -> dict[str, Any]:
-        """``method`` (with ``body`` as JSON, if any) on one of gpuquota's own endpoints, answered as
-        JSON."""
+    def request(self, method: str, path: str, **query: str | None) -> dict[str, Any]:
+        """``method`` (without a body) on one of gpuquota's own endpoints, answered as JSON."""
         params = {k: v for k, v in query.items() if v is not None}
         url = self.endpoint + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        data = None if body is None else json.dumps(body).encode()
+        return self._answer(self._signed(method, url), url)
+
+    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """``POST`` ``payload`` as JSON to one of gpuquota's own endpoints, answered as JSON."""
+        url = self.endpoint + path
+        return self._answer(self._signed("POST", url, json.dumps(payload).encode()), url)
+
+    def _answer(self, request: urllib.request.Request, url: str) -> dict[str, Any]:
         try:
-            with urllib.request.urlopen(self._signed(method, url, data), timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             raise CliError(_error_message(exc)) from None
@@ -194,7 +198,7 @@ class Api:
 
     def impact(self, operations: list[dict[str, Any]]) -> dict[str, Any]:
         """What these writes would do to the jobs (``gpuquota apply --dry-run``), nothing applied."""
-        return dict(self.request("POST", "/gpuquota/v1/impact", {"operations": operations})["impact"])
+        return dict(self.post("/gpuquota/v1/impact", {"operations": operations})["impact"])
 
     def nodes(self) -> list[dict[str, Any]]:
         return list(self.get("/gpuquota/v1/nodes")["nodes"])

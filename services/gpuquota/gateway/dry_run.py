@@ -99,7 +99,10 @@ class ImpactRoute:
         self.planner = planner
 
     def install(self) -> None:
-        self.gateway.route_hooks.append(lambda app: app.router.add_post(PATH, self._impact))
+        self.gateway.route_hooks.append(self.add_route)
+
+    def add_route(self, app: web.Application) -> None:
+        app.router.add_post(PATH, self._impact)
 
     async def _impact(self, request: web.Request) -> web.Response:
         principal = await self.gateway.limited_principal(request)

@@ -57,25 +57,40 @@ class Side:
 
 
 @dataclass
-class Impact:
-    """What the change does at once (``preempted_now``, ``rejected``, ``started_now``) and next."""
+class AtOnce:
+    """What the change's inputs decide at once, as ``step`` returns it."""
 
-    now: int
     preempted_now: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     started_now: set[str] = field(default_factory=set)
-    before: Side | None = None
-    after: Side | None = None
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Job id -> its row (id, name, queue, share, unit, instances) for every job named above."""
+
+    def note(self, jobs: dict[str, dict[str, Any]], event: ev.SchedulerEvent) -> None:
+        if isinstance(event, ev.JobPreempted | ev.JobStopRequested):
+            kind = event.kind if isinstance(event, ev.JobPreempted) else event.cause
+            self.preempted_now.append({**jobs[event.job_id], "kind": kind, "reason": event.status_reason})
+        elif isinstance(event, ev.JobDispatched):
+            self.started_now.add(event.job_id)
+        elif isinstance(event, ev.InputRejected):
+            self.rejected.append({"input": event.input_type, "reason": event.reason})
+
+
+@dataclass(frozen=True)
+class Impact:
+    """What the change does at once and next, from ``now``."""
+
+    now: int
+    jobs: dict[str, dict[str, Any]]
+    """Job id -> its row (id, name, queue, share, status, unit, instances), as of before the change."""
+    before: Side
+    after: Side
+    at_once: AtOnce
 
     def as_json(self) -> dict[str, Any]:
         """``apply --dry-run -o json``'s ``impact``: times in ms since the epoch, moves in seconds."""
-        assert self.before is not None and self.after is not None
         before, after = self.before, self.after
         return {
             "at": self.now,
-            "preempted_now": self.preempted_now,
+            "preempted_now": self.at_once.preempted_now,
             "becomes_borrowing": [
                 row for job_id, row in sorted(after.reclaimable.items()) if job_id not in before.reclaimable
             ],
@@ -89,19 +104,18 @@ class Impact:
                 }
                 for key in sorted(set(before.shares) | set(after.shares))
             ],
-            "rejected": self.rejected,
+            "rejected": self.at_once.rejected,
             "complete": before.not_before is None and after.not_before is None,
         }
 
     def start_changes(self) -> list[dict[str, Any]]:
-        """The queued jobs whose likely start moves, earliest new start first."""
-        assert self.before is not None and self.after is not None
+        """The queued jobs whose likely start moves, earliest new start first (no start: last)."""
         out = []
         for job_id, row in self.jobs.items():
             if row["status"] != JobStatus.RUNNABLE.value:
                 continue
             was = self.before.starts.get(job_id)
-            will = self.now if job_id in self.started_now else self.after.starts.get(job_id)
+            will = self.now if job_id in self.at_once.started_now else self.after.starts.get(job_id)
             if was == will:
                 continue
             moved = None if was is None or will is None else round((will - was) / 1000, 1)
@@ -117,33 +131,16 @@ def impact(
     budget_s: float = BUDGET_S,
 ) -> Impact:
     """What ``inputs`` would do to ``state`` at ``now`` (the state is left as it was)."""
-    result = Impact(now)
-    result.jobs = {job.job_id: _row(job) for job in state.jobs.values()}
+    jobs = {job.job_id: _row(job) for job in state.jobs.values()}
     with state.trial():
-        result.before = _side(state, now, end_of, budget_s)
+        before = _side(state, now, end_of, budget_s)
+    at_once = AtOnce()
     with state.trial():
         for message in inputs:
             for event in step(state, message):
-                _note(result, event)
-        result.after = _side(state, now, end_of, budget_s)
-    return result
-
-
-def _note(result: Impact, event: ev.SchedulerEvent) -> None:
-    """Record what one event the change decided does at once."""
-    if isinstance(event, ev.JobPreempted):
-        kind = event.kind.value if hasattr(event.kind, "value") else str(event.kind)
-        row = {**result.jobs[event.job_id], "kind": kind, "reason": event.status_reason}
-        result.preempted_now.append(row)
-    elif isinstance(event, ev.JobStopRequested):
-        cause = event.cause.value if hasattr(event.cause, "value") else str(event.cause)
-        result.preempted_now.append(
-            {**result.jobs[event.job_id], "kind": cause, "reason": event.status_reason}
-        )
-    elif isinstance(event, ev.JobDispatched):
-        result.started_now.add(event.job_id)
-    elif isinstance(event, ev.InputRejected):
-        result.rejected.append({"input": event.input_type, "reason": event.reason})
+                at_once.note(jobs, event)
+        after = _side(state, now, end_of, budget_s)
+    return Impact(now, jobs, before, after, at_once)
 
 
 def _side(state: ClusterState, now: int, end_of: EndOf, budget_s: float) -> Side:
