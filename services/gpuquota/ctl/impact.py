@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from gpuquota.ctl import render
-from gpuquota.ctl.api import Api
+from gpuquota.ctl.api import Api, CliError
 from gpuquota.ctl.apply import Applier
 from gpuquota.ctl.apply_doc import ApplyDoc
 from gpuquota.ctl.render import Style
@@ -27,14 +27,21 @@ def dry_run_command(api: Api, doc: ApplyDoc, args: argparse.Namespace, style: St
 
     applier = Applier(api, dry_run=True)
     changes = applier.run(doc)
-    found = api.impact(applier.planned)
     if args.output == "json":
-        render.dump_json({"changes": [c.as_dict() for c in changes], "impact": found})
+        render.dump_json({"changes": [c.as_dict() for c in changes], "impact": _impact(api, applier)})
         return 0
-    print(format_changes(changes, style))
+    print(format_changes(changes, style), flush=True)  # shown even if the impact fails
+    found = _impact(api, applier)
     print()
     print(format_impact(found, style))
     return 0
+
+
+def _impact(api: Api, applier: Applier) -> dict[str, Any]:
+    try:
+        return api.impact(applier.planned)
+    except CliError as exc:
+        raise CliError(f"the change's impact: {exc}") from None
 
 
 def format_impact(impact: dict[str, Any], style: Style) -> str:
