@@ -67,6 +67,8 @@ def test_lowering_a_limit_preempts_the_borrower_aws_rules_pick() -> None:
     assert jobs(found["preempted_now"]) == ["a_low"]
     assert found["preempted_now"][0]["kind"] == "CROSS_SHARE"
     assert "capacity reclaimed by quota share B" in found["preempted_now"][0]["reason"]
+    # requeued, a_low waits for A's own instance: a_high's end, an hour after its dispatch
+    assert found["preempted_now"][0]["restartAt"] == h.state.jobs["a_high"].scheduled_at + HOUR  # type: ignore[operator]
     assert found["becomes_borrowing"] == []  # what A borrows is already being stopped
     (moved,) = found["start_changes"]
     a_low_ends = h.state.jobs["a_low"].scheduled_at + HOUR  # type: ignore[operator]

@@ -53,9 +53,16 @@ def format_impact(impact: dict[str, Any], style: Style) -> str:
         _rejected(impact["rejected"]),
         _section(
             "Stopped at once",
-            ["JOB", "NAME", "SHARE", "KIND", "REASON"],
+            ["JOB", "NAME", "SHARE", "KIND", "LIKELY RESTART", "REASON"],
             [
-                [r["job"], r["jobName"], _share(r), kind_label(r["kind"]), render.shorten(r["reason"])]
+                [
+                    r["job"],
+                    r["jobName"],
+                    _share(r),
+                    kind_label(r["kind"]),
+                    _start(r.get("restartAt"), at),
+                    render.shorten(r["reason"], 60),
+                ]
                 for r in impact["preempted_now"]
             ],
             style,

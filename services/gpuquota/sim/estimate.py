@@ -100,12 +100,14 @@ def sweep(
     end_of: EndOf,
     budget_s: float = 3600.0,
     on_start: Callable[[str, int], None] | None = None,
+    also: Iterable[str] = (),
 ) -> Sweep:
     """Run ``state`` forward (changing it) until every job waiting now has been dispatched, nothing more
     ends, or ``budget_s`` has passed: one run answers for the whole queue. ``on_start(job id, at)`` is
-    called as each waiting job's start is found."""
+    called as each waiting job's start is found. ``also``: more jobs whose next dispatch to find (jobs
+    being stopped, once requeued)."""
     deadline = time.perf_counter() + budget_s
-    waiting = {job.job_id for job in state.jobs.values() if job.status is JobStatus.RUNNABLE}
+    waiting = {job.job_id for job in state.jobs.values() if job.status is JobStatus.RUNNABLE} | set(also)
     starts: dict[str, int] = {}
     heap: list[tuple[int, int, str, str, str, str]] = []
     serial = 0

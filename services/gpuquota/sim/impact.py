@@ -12,7 +12,8 @@ way out, so the caller may hand it the scheduler's own state (on the state's thr
    with the caller's ``end_of``: the *likely* ends) giving each queued job's start as things are.
 2. *After*: the change's inputs go through the core one by one (``step``, as the scheduler would
    decide and apply them at ``now``). What the core decides at once is the change's immediate
-   effect: ``JobPreempted`` and ``JobStopRequested`` name the running jobs it stops, a
+   effect: ``JobPreempted`` and ``JobStopRequested`` name the running jobs it stops (their
+   ``restartAt``: when the forward run dispatches them again, ``None`` if it does not), a
    ``JobDispatched`` a queued job that starts at once, an ``InputRejected`` an input the core refuses
    (the real apply would fail there too). Then the same figures, reclaimable jobs and forward run.
 
@@ -139,15 +140,19 @@ def impact(
         for message in inputs:
             for event in step(state, message):
                 at_once.note(jobs, event)
-        after = _side(state, now, end_of, budget_s)
+        stopped = [row["job"] for row in at_once.preempted_now]
+        after = _side(state, now, end_of, budget_s, stopped)
+    for row in at_once.preempted_now:
+        row["restartAt"] = after.starts.get(row["job"])
     return Impact(now, jobs, before, after, at_once)
 
 
-def _side(state: ClusterState, now: int, end_of: EndOf, budget_s: float) -> Side:
-    """The figures of ``state`` and its forward run (which changes the state: call in a trial)."""
+def _side(state: ClusterState, now: int, end_of: EndOf, budget_s: float, stopped: Iterable[str] = ()) -> Side:
+    """The figures of ``state`` and its forward run (which changes the state: call in a trial); the
+    run also finds when the ``stopped`` jobs run again."""
     shares = {key: _figures(state, share) for key, share in sorted(state.shares.items())}
     reclaimable = {job.job_id: _row(job) for job in _reclaimable(state)}
-    run = sweep(state, now, end_of, budget_s)
+    run = sweep(state, now, end_of, budget_s, also=stopped)
     return Side(shares, reclaimable, dict(run.starts), run.not_before)
 
 
