@@ -54,18 +54,8 @@ Check = Callable[[Any, str], None]
 
 CASE_INSENSITIVE = frozenset({"ServiceJobRetryAction"})
 """Enum shapes whose values AWS compares case-insensitively."""
-_RANGES = {"integer": (-MAX_INTEGER - 1, MAX_INTEGER), "long": (-(2**63), 2**63 - 1)}
-_EXPECTED = {
-    "string": "a string",
-    "integer": "an integer",
-    "long": "an integer",
-    "float": "a number",
-    "double": "a number",
-    "boolean": "a boolean",
-    "list": "a list",
-    "structure": "an object",
-    "map": "a map",
-}
+_INTEGERS = {"integer": (-MAX_INTEGER - 1, MAX_INTEGER), "long": (-(2**63), 2**63 - 1)}
+"""The range of each integer type: AWS's ``Integer`` is 32 bits, ``Long`` 64."""
 
 
 class RequestShapes:
@@ -98,32 +88,36 @@ class RequestShapes:
     def _build(self, shape: Any) -> Check:
         kind = shape.type_name
         if kind == "structure":
-            return self._typed(kind, self._structure(shape.members, shape.required_members))
+            return self._structure(shape.members, shape.required_members)
         if kind == "list":
-            return self._typed(kind, self._list(shape))
+            return self._list(shape)
         if kind == "map":
-            return self._typed(kind, self._map(shape))
+            return self._map(shape)
         if kind == "string":
-            return self._typed(kind, _string(shape))
-        if kind in _RANGES:
-            return self._typed(kind, _number(shape, *_RANGES[kind]))
+            return _string(shape)
+        if kind in _INTEGERS:
+            return _number(shape, (int,), "an integer", *_INTEGERS[kind])
         if kind in ("float", "double"):
-            return self._typed(kind, _number(shape, None, None))
+            return _number(shape, (int, float), "a number", None, None)
         if kind == "boolean":
-            return self._typed(kind, None)
+            return _boolean
         return _anything  # timestamps and blobs: no operation gpuquota serves takes one
 
     def _structure(self, members: Mapping[str, Any], required: Iterable[str]) -> Check:
-        needed = frozenset(required)
-        rows = [(name, self._compile(shape), name in needed) for name, shape in members.items()]
+        """Required members first (in the model's order), then each member sent (unknown: ignored)."""
+        checks = {name: self._compile(shape) for name, shape in members.items()}
+        needed = tuple(name for name in members if name in frozenset(required))
 
-        def check(body: dict[str, Any], path: str) -> None:
-            for name, member, is_required in rows:
-                value = body.get(name)
-                if value is not None:
-                    member(value, child(path, name))
-                elif is_required:
+        def check(body: Any, path: str) -> None:
+            if not isinstance(body, dict):
+                raise wrong_type(path, "an object")
+            for name in needed:
+                if body.get(name) is None:
                     raise missing(child(path, name))
+            for name, value in body.items():
+                member = checks.get(name)
+                if member is not None and value is not None:
+                    member(value, child(path, name))
 
         return check
 
@@ -131,7 +125,9 @@ class RequestShapes:
         item = self._compile(shape.member)
         low, high = shape.metadata.get("min"), shape.metadata.get("max")
 
-        def check(items: list[Any], path: str) -> None:
+        def check(items: Any, path: str) -> None:
+            if not isinstance(items, list):
+                raise wrong_type(path, "a list")
             if (low is not None and len(items) < low) or (high is not None and len(items) > high):
                 raise length_error(path, low, high, "entries")
             for index, value in enumerate(items):
@@ -142,45 +138,24 @@ class RequestShapes:
     def _map(self, shape: Any) -> Check:
         key, value = self._compile(shape.key), self._compile(shape.value)
 
-        def check(pairs: dict[str, Any], path: str) -> None:
+        def check(pairs: Any, path: str) -> None:
+            if not isinstance(pairs, dict):
+                raise wrong_type(path, "a map")
             for name, item in pairs.items():
                 key(name, f"{path} key {name!r}")
                 value(item, child(path, name))
 
         return check
 
-    @staticmethod
-    def _typed(kind: str, then: Check | None) -> Check:
-        """``then`` after the JSON type check of ``kind`` (a boolean is never a number)."""
-        types: tuple[type, ...] = {
-            "string": (str,),
-            "list": (list,),
-            "structure": (dict,),
-            "map": (dict,),
-            "boolean": (bool,),
-            "float": (int, float),
-            "double": (int, float),
-        }.get(kind, (int,))
-        expected = _EXPECTED[kind]
-        numeric = kind in ("integer", "long", "float", "double")
 
-        def check(value: Any, path: str) -> None:
-            if not isinstance(value, types) or (numeric and isinstance(value, bool)):
-                raise wrong_type(path, expected)
-            if then is not None:
-                then(value, path)
-
-        return check
-
-
-def _string(shape: Any) -> Check | None:
+def _string(shape: Any) -> Check:
     low, high = shape.metadata.get("min"), shape.metadata.get("max")
     allowed = tuple(shape.enum)
     folded = shape.name in CASE_INSENSITIVE
-    if low is None and high is None and not allowed:
-        return None
 
-    def check(value: str, path: str) -> None:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, str):
+            raise wrong_type(path, "a string")
         if (low is not None and len(value) < low) or (high is not None and len(value) > high):
             raise length_error(path, low, high, "characters")
         if allowed and (value.upper() if folded else value) not in allowed:
@@ -189,11 +164,15 @@ def _string(shape: Any) -> Check | None:
     return check
 
 
-def _number(shape: Any, floor: int | None, ceiling: int | None) -> Check:
-    """The model's range (``min``, ``max``), then the type's (``floor``, ``ceiling``: 32 or 64 bits)."""
+def _number(
+    shape: Any, types: tuple[type, ...], expected: str, floor: int | None, ceiling: int | None
+) -> Check:
+    """A number (never a boolean) within the model's range, then its type's (``floor``, ``ceiling``)."""
     low, high = shape.metadata.get("min"), shape.metadata.get("max")
 
-    def check(value: float, path: str) -> None:
+    def check(value: Any, path: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise wrong_type(path, expected)
         if (low is not None and value < low) or (high is not None and value > high):
             raise out_of_range(path, low, high, value)
         if ceiling is not None and value > ceiling:
@@ -202,6 +181,11 @@ def _number(shape: Any, floor: int | None, ceiling: int | None) -> Check:
             raise out_of_range(path, floor, None, value)
 
     return check
+
+
+def _boolean(value: Any, path: str) -> None:
+    if not isinstance(value, bool):
+        raise wrong_type(path, "a boolean")
 
 
 def _anything(value: Any, path: str) -> None:
