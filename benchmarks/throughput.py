@@ -196,17 +196,10 @@ def wait_for_starts(starts: Path, job_ids: list[str], timeout: float) -> dict[st
 
 
 def count_status(batch: Any, status: str) -> int:
-    count, token = 0, None
-    while True:
-        page = batch.list_service_jobs(jobQueue=QUEUE, jobStatus=status, maxResults=100, **token_arg(token))
-        count += len(page["jobSummaryList"])
-        token = page.get("nextToken")
-        if not token:
-            return count
-
-
-def token_arg(token: str | None) -> dict[str, str]:
-    return {} if token is None else {"nextToken": token}
+    pages = batch.get_paginator("list_service_jobs").paginate(
+        jobQueue=QUEUE, jobStatus=status, PaginationConfig={"PageSize": 100}
+    )
+    return sum(len(page["jobSummaryList"]) for page in pages)
 
 
 def wait_until_done(batch: Any, jobs: int, timeout: float) -> int:

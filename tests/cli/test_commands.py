@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli.conftest import Cli, play_worked_example
 from tests.gateway.conftest import StackThread
-from tests.gateway.helpers import status
+from tests.gateway.helpers import status, submit, worked_example
 
 
 def lines(text: str) -> list[list[str]]:
@@ -39,6 +39,16 @@ def test_jobs_list_filters_and_json(stack: StackThread, cli: Cli) -> None:
     running_qs1 = cli("jobs", "list", "--share", "QS1", "--status", "RUNNING", "-o", "json")
     assert [j["jobName"] for j in json.loads(running_qs1.out)["jobs"]] == ["qs1_job_high"]
     assert cli("jobs", "list", "--share", "QS3").out.strip() == "No jobs."
+
+
+def test_jobs_list_follows_every_page(stack: StackThread, cli: Cli) -> None:
+    """The gateway answers at most 100 jobs a page: the list has all 101 (boto3's paginator)."""
+    worked_example(stack.client)
+    submitted = {submit(stack.client, f"job-{i}") for i in range(101)}
+    listed = json.loads(cli("jobs", "list", "-o", "json").out)["jobs"]
+    assert len(listed) == 101 and {j["jobId"] for j in listed} == submitted
+    table = lines(cli("jobs", "list").out)
+    assert {row[0] for row in table[1:]} == submitted
 
 
 @pytest.mark.parametrize(

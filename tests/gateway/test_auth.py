@@ -26,8 +26,6 @@ from gpuquota.gateway.auth import (
     KeyConfigError,
     Keyring,
     SignedRequest,
-    canonical_query,
-    canonical_uri,
     verify,
 )
 from tests.gateway.conftest import Stack, start_stack
@@ -257,13 +255,6 @@ def test_verify_checks_clock_skew_scope_and_payload_hash() -> None:
         verify(
             dataclasses.replace(request, headers={**request.headers, "authorization": [auth]}), KEYRING, now()
         )
-
-
-def test_canonical_forms() -> None:
-    assert canonical_uri("/v1/tags/arn%3Aaws%3Abatch") == "/v1/tags/arn%253Aaws%253Abatch"
-    assert canonical_uri("/a/./b/../c/") == "/a/c/"
-    assert canonical_query("b=2&a=x%20y&a=1&c") == "a=1&a=x%20y&b=2&c="
-    assert canonical_query("") == ""
 
 
 # ----- the keys file -----------------------------------------------------------------------------

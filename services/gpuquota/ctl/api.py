@@ -109,15 +109,11 @@ class Api:
         return out
 
     def pages(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
-        """Every item under ``key`` across the pages of a list operation."""
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            page = self.call(operation, **params, **({"nextToken": token} if token else {}))
-            items.extend(page.get(key, []))
-            token = page.get("nextToken")
-            if not token:
-                return items
+        """Every item under ``key`` across the pages of a list operation (boto3's paginator of
+        ``operation``: botocore's ``batch`` model says which token to follow)."""
+        with self.errors():
+            pages = self.batch.get_paginator(operation).paginate(**params)
+            return [item for page in pages for item in page.get(key, [])]
 
     @contextmanager
     def errors(self) -> Iterator[None]:

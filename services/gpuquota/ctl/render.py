@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -9,6 +10,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -50,22 +56,28 @@ class Style:
 
 
 def visible_len(text: str) -> int:
-    return len(_ANSI.sub("", text))
+    return cell_len(_ANSI.sub("", text))
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, indent: str = "", gap: str = "  ") -> str:
-    """Rows aligned under ``headers`` (cells may carry ANSI colours); no trailing spaces."""
-    body = [list(r) for r in rows]
-    widths = [len(h) for h in headers]
-    for row in body:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], visible_len(cell))
+_UNWRAPPED = 10_000
+"""The console width tables are laid out in: wider than any row, so no cell wraps."""
 
-    def line(cells: Sequence[str]) -> str:
-        padded = [c + " " * (widths[i] - visible_len(c)) for i, c in enumerate(cells)]
-        return (indent + gap.join(padded)).rstrip()
 
-    return "\n".join([line(list(headers)), *(line(r) for r in body)])
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, indent: str = "") -> str:
+    """Rows aligned under ``headers``, two spaces between columns (cells may carry ``Style``'s ANSI
+    colours); no trailing spaces. rich lays it out by display width and writes colours only where a
+    cell carries them."""
+    grid = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="", show_edge=False)
+    for header in headers:
+        grid.add_column(Text(header), no_wrap=True)
+    for row in rows:
+        grid.add_row(*(Text.from_ansi(cell) for cell in row))
+    out = io.StringIO()
+    console = Console(
+        file=out, width=_UNWRAPPED, force_terminal=True, color_system="standard", no_color=False
+    )
+    console.print(grid)
+    return "\n".join((indent + line).rstrip() for line in out.getvalue().splitlines())
 
 
 def units(counts: dict[str, int] | None, single: str | None = None) -> str:

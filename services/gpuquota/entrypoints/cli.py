@@ -20,8 +20,6 @@ from gpuquota import __version__
 
 Handler = Callable[[argparse.Namespace], int]
 
-NOT_IMPLEMENTED = 2
-
 
 def _version(_: argparse.Namespace) -> int:
     print(f"gpuquota {__version__}")
@@ -37,11 +35,6 @@ def _completion(args: argparse.Namespace) -> int:
 
 def _completion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
-
-
-def _not_implemented(args: argparse.Namespace) -> int:
-    print(f"gpuquota {args.command}: not implemented yet", file=sys.stderr)
-    return NOT_IMPLEMENTED
 
 
 def _gateway(args: argparse.Namespace) -> int:

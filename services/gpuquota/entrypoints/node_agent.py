@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from gpuquota.settings import NodeAgentSettings
     from gpuquota.wire.base import SlotOffer
 
-NOT_IMPLEMENTED = 2
-
 #: flag -> help; each sets the settings field of its name (``--work-dir`` sets ``data_dir``)
 _HELP = {
     "--kafka": "Kafka bootstrap servers host:port[,...] (GPUQUOTA_KAFKA)",

@@ -5,9 +5,11 @@ Theory of operation
 Every operation is ``POST /v1/<operation in lower case>`` with a JSON body (tags: ``/v1/tags/{arn}``
 with POST, GET and DELETE), exactly as botocore's ``batch`` model sends them. The operations live one
 module per resource family (``policies``, ``environments``, ``queues``, ``shares``, ``jobs``, ``tags``);
-the table ``OPERATIONS`` names, per operation, its handler, its access check and its body limit. A
-handler validates the body against AWS's rules, reads from the ``ReadModel`` and turns writes into
-scheduler inputs sent through the ``CommandPort`` (``gpuquota.gateway.context``). AWS updates are
+the table ``OPERATIONS`` names, per operation, its handler, its access check and its body limit. The
+body is first checked against the operation's input shape in botocore's ``batch`` model (required
+members, types, lengths, enums: ``gpuquota.gateway.shapes``); the handler checks gpuquota's own rules
+on top, reads from the ``ReadModel`` and turns writes into scheduler inputs sent through the
+``CommandPort`` (``gpuquota.gateway.context``). AWS updates are
 partial; the handler merges them with the current spec from the read model, so the scheduler always
 receives a whole spec; the AWS response shapes come from ``gpuquota.gateway.render``.
 
@@ -48,6 +50,7 @@ from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.extensions import Explainer, explain, share_table_of
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort
+from gpuquota.gateway.shapes import batch_shapes
 from gpuquota.readmodel import ReadModel
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -80,6 +83,8 @@ OPERATIONS: tuple[Operation, ...] = (
 """The AWS Batch operations the gateway serves (interface I2)."""
 MAX_BODY_BYTES = 1024 * 1024
 TAG_ACTIONS = {"GET": "ListTagsForResource", "POST": "TagResource", "DELETE": "UntagResource"}
+CHECKED = (*(op.name for op in OPERATIONS), "TagResource")
+"""The operations whose bodies are checked against botocore's model (``gateway.shapes``)."""
 
 BoundOperation = Callable[[Params], Awaitable[dict[str, Any]]]
 
@@ -110,9 +115,11 @@ class Gateway(Context):
         self.operations: dict[str, BoundOperation] = {
             lower: functools.partial(op.handler, self) for lower, op in self.table.items()
         }
+        self.shapes = batch_shapes(CHECKED)
 
     async def call(self, name: str, params: Params) -> dict[str, Any]:
         """Run the operation ``name`` (``UpdateServiceJob``) as an admin would (the console)."""
+        self.shapes.check(self.table[name.lower()].name, params.body)
         return await self.operations[name.lower()](params)
 
     async def shares(self, queue_ref: str | None) -> dict[str, Any]:
@@ -154,6 +161,7 @@ class Gateway(Context):
         if row.max_bytes is not None and len(raw) > row.max_bytes:
             raise ClientException(f"{row.name} requests must be at most {row.max_bytes // 1024} KiB")
         params = _body(raw)
+        self.shapes.check(row.name, params.body)
         if principal is not None:
             action = f"batch:{row.name}"
             if not principal.may(name):
@@ -172,7 +180,9 @@ class Gateway(Context):
         if request.method == "GET":
             return _json(await tags.list_tags(self, arn))
         if request.method == "POST":
-            return _json(await tags.tag_resource(self, arn, _body(await request.read())))
+            params = _body(await request.read())
+            self.shapes.check("TagResource", params.body)
+            return _json(await tags.tag_resource(self, arn, params))
         if request.method == "DELETE":
             return _json(await tags.untag_resource(self, arn, request.query.getall("tagKeys", [])))
         raise ClientException(f"Unknown operation {request.method} {request.path}")

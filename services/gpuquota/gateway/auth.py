@@ -10,14 +10,14 @@ Off unless keys are configured (``--auth-keys FILE`` or ``GPUQUOTA_AUTH_KEYS``).
 With keys, every request but ``GET /health`` must carry a valid SigV4 ``Authorization`` header
 (``AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/batch/aws4_request, SignedHeaders=..., Signature=...``)
 made with a configured key, as every AWS SDK signs with ``aws_access_key_id``/``aws_secret_access_key``.
-:func:`verify` rebuilds the canonical request from what arrived on the wire (method; the path as sent,
-URI-encoded once more as SigV4 wants for every service but S3; the query string decoded, re-encoded
-and sorted; the signed headers, lower-cased and whitespace-trimmed; the SHA-256 of the body), derives
-the signing key from the secret and the credential scope, and compares signatures in constant time.
-It also requires ``host`` and ``x-amz-date`` to be signed, ``x-amz-date`` within 15 minutes of the
-server clock and on the scope's date, the scope's service to be ``batch`` (``sts`` or ``iam`` on the
-identity route, ``gpuquota.gateway.identity``; any region: the gateway is one endpoint), and
-``x-amz-content-sha256``, when sent, to be the body's hash. Presigned URLs (the query-string form) and
+:func:`verify` first applies gpuquota's own rules: ``host`` and ``x-amz-date`` must be signed,
+``x-amz-date`` within 15 minutes of the server clock and on the scope's date, the scope's service
+``batch`` (``sts`` or ``iam`` on the identity route, ``gpuquota.gateway.identity``; any region: the
+gateway is one endpoint), and ``x-amz-content-sha256``, when sent, the body's hash. Then botocore's
+own signer (``botocore.auth.SigV4Auth``) signs the request as it arrived (method, path, query, the
+headers named in ``SignedHeaders``, body) with the key's secret for the credential's scope, and the
+two signatures are compared in constant time; ``tests/gateway/test_auth.py`` verifies AWS's published
+SigV4 test vectors (``tests/data/aws-sig-v4-test-suite``). Presigned URLs (the query-string form) and
 temporary credentials are not supported.
 
 Failures are HTTP 403 with AWS's codes: ``MissingAuthenticationTokenException`` (no signature),
@@ -43,9 +43,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import yaml
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest, HTTPHeaders
+from botocore.credentials import Credentials
+from botocore.utils import percent_encode_sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuquota.exposure import ALLOW_ENV, ALLOW_FLAG, check_exposure
@@ -53,7 +57,6 @@ from gpuquota.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-ALGORITHM = "AWS4-HMAC-SHA256"
 SERVICE = "batch"
 MAX_SKEW = dt.timedelta(minutes=15)
 AUTH_KEYS_ENV = "GPUQUOTA_AUTH_KEYS"
@@ -75,7 +78,6 @@ _AUTH_HEADER = re.compile(
     r"SignedHeaders=(?P<signed>[^,\s]+)\s*,\s*Signature=(?P<signature>[0-9a-fA-F]{64})\s*$"
 )
 _AMZ_DATE = "%Y%m%dT%H%M%SZ"
-_UNRESERVED = "-_.~"
 
 
 class AuthError(ApiError):
@@ -238,68 +240,6 @@ def load_auth(
 # ----- Signature Version 4 -----------------------------------------------------------------------
 
 
-def signing_key(secret: str, date: str, region: str, service: str = SERVICE) -> bytes:
-    key = _hmac(f"AWS4{secret}".encode(), date)
-    key = _hmac(key, region)
-    key = _hmac(key, service)
-    return _hmac(key, "aws4_request")
-
-
-def _hmac(key: bytes, text: str) -> bytes:
-    return hmac.new(key, text.encode(), hashlib.sha256).digest()
-
-
-def canonical_uri(raw_path: str) -> str:
-    """The path as sent (already percent-encoded), dot segments removed, encoded once more."""
-    segments: list[str] = []
-    for segment in raw_path.split("/")[1:]:
-        if segment == "..":
-            if segments:
-                segments.pop()
-        elif segment != ".":
-            segments.append(segment)
-    path = "/" + "/".join(segments)
-    if raw_path.endswith("/") and not path.endswith("/"):
-        path += "/"
-    return quote(path, safe="/~")
-
-
-def canonical_query(raw_query: str) -> str:
-    """Every ``name=value`` pair decoded, re-encoded (RFC 3986 unreserved kept) and sorted."""
-    pairs = []
-    for part in raw_query.split("&"):
-        if not part:
-            continue
-        name, _, value = part.partition("=")
-        pairs.append((quote(unquote(name), safe=_UNRESERVED), quote(unquote(value), safe=_UNRESERVED)))
-    return "&".join(f"{name}={value}" for name, value in sorted(pairs))
-
-
-def canonical_request(
-    method: str,
-    raw_path: str,
-    raw_query: str,
-    headers: Mapping[str, list[str]],
-    signed: list[str],
-    payload_hash: str,
-) -> str:
-    lines = [f"{name}:{','.join(' '.join(value.split()) for value in headers[name])}\n" for name in signed]
-    return "\n".join(
-        [
-            method.upper(),
-            canonical_uri(raw_path),
-            canonical_query(raw_query),
-            "".join(lines),
-            ";".join(signed),
-            payload_hash,
-        ]
-    )
-
-
-def string_to_sign(amz_date: str, scope: str, canonical: str) -> str:
-    return "\n".join([ALGORITHM, amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-
-
 @dataclass(frozen=True)
 class SignedRequest:
     """What :func:`verify` needs of an HTTP request; ``headers`` maps lower-case names to values."""
@@ -309,6 +249,34 @@ class SignedRequest:
     raw_query: str
     headers: Mapping[str, list[str]]
     body: bytes
+
+
+class _WireSigner(SigV4Auth):  # type: ignore[misc]  # botocore ships no type hints
+    """botocore's SigV4 signer, over the headers the client named in ``SignedHeaders``: botocore
+    leaves ``user-agent`` and a few others out of what it signs, but another SDK may sign them."""
+
+    def headers_to_sign(self, request: AWSRequest) -> HTTPHeaders:
+        headers: HTTPHeaders = request.headers
+        return headers
+
+
+def expected_signature(
+    request: SignedRequest, signed: list[str], key: Key, amz_date: str, region: str, service: str
+) -> str:
+    """The signature botocore's signer computes for ``request`` as it arrived, over its ``signed``
+    headers: the path as sent (botocore removes dot segments and empty ones and encodes it once
+    more), the query decoded and re-encoded as botocore encodes one, and the body."""
+    pairs = (part.partition("=") for part in request.raw_query.split("&") if part)
+    query = percent_encode_sequence([(unquote(name), unquote(value)) for name, _, value in pairs])
+    wire = AWSRequest(request.method, f"http://gateway{request.raw_path}{'?' if query else ''}{query}")
+    wire.data = request.body
+    wire.headers = HTTPHeaders()
+    for name in signed:
+        for value in request.headers[name]:
+            wire.headers[name] = value
+    wire.context["timestamp"] = amz_date
+    signer = _WireSigner(Credentials(key.principal.access_key, key.secret), service, region)
+    return str(signer.signature(signer.string_to_sign(wire, signer.canonical_request(wire)), wire))
 
 
 def verify(
@@ -369,15 +337,7 @@ def verify(
     if declared is not None and (len(declared) != 1 or declared[0].strip().lower() != body_hash):
         raise AuthError("x-amz-content-sha256 does not match the request body")
 
-    canonical = canonical_request(
-        request.method, request.raw_path, request.raw_query, request.headers, signed, body_hash
-    )
-    scope = f"{scope_date}/{region}/{service}/aws4_request"
-    expected = hmac.new(
-        signing_key(key.secret, scope_date, region, service),
-        string_to_sign(amz_date, scope, canonical).encode(),
-        hashlib.sha256,
-    ).hexdigest()
+    expected = expected_signature(request, signed, key, amz_date, region, service)
     if not hmac.compare_digest(expected, match["signature"].lower()):
         raise AuthError(
             "The request signature we calculated does not match the signature you provided. "

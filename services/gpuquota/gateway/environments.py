@@ -16,12 +16,11 @@ from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import CapacityLimit, ServiceEnvironmentSpec, State
 
 POOL_TAG = "gpuquota:pool"
-STATES = ("ENABLED", "DISABLED")
 
 
 def state_change(p: Params) -> dict[str, Any]:
     """``{"state": ...}`` when the request sets a resource's state (ENABLED or DISABLED), else nothing."""
-    value = p.enum("state", STATES)
+    value = p.string("state")
     return {} if value is None else {"state": State(value)}
 
 
@@ -57,7 +56,6 @@ def _answer(gw: Context, name: str) -> dict[str, Any]:
 
 async def create(gw: Context, p: Params) -> dict[str, Any]:
     name = p.req_name("serviceEnvironmentName")
-    p.enum("serviceEnvironmentType", ("SAGEMAKER_TRAINING",), required=True)
     state = state_change(p).get("state", State.ENABLED)
     limits = _capacity_limits(p, "capacityLimits", required=True) or ()
     tags = p.tags() or {}

@@ -21,15 +21,55 @@ MAX_INTEGER = 2**31 - 1
 """AWS's ``Integer`` shape is a signed 32-bit integer: larger values are refused, never stored."""
 
 
+def child(path: str, key: str) -> str:
+    """The path of member ``key`` of the value at ``path`` (``""``: the body itself)."""
+    return f"{path}.{key}" if path else key
+
+
+def missing(path: str) -> ClientException:
+    return ClientException(f"Missing required parameter: {path}")
+
+
+def wrong_type(path: str, expected: str) -> ClientException:
+    return ClientException(f"Invalid type for parameter {path}: expected {expected}")
+
+
+def not_one_of(path: str, allowed: Sequence[str], value: str) -> ClientException:
+    return ClientException(f"{path} must be one of {', '.join(allowed)}, got {value}")
+
+
+def length_error(path: str, low: int | None, high: int | None, unit: str) -> ClientException:
+    """A string's length (``unit`` ``characters``) or a list's (``entries``) outside ``low``..``high``."""
+    verb = "must be" if unit == "characters" else "can have"
+    if low is not None and high is not None:
+        return ClientException(f"{path} {verb} {low} to {high} {unit}")
+    if high is not None:
+        return ClientException(f"{path} {verb} at most {high} {unit}")
+    return ClientException(f"{path} {verb} at least {low} {unit}")
+
+
+def out_of_range(path: str, low: float | None, high: float | None, value: float) -> ClientException:
+    if low is not None and high is not None:
+        return ClientException(f"{path} must be between {low} and {high}, got {value}")
+    if low is not None:
+        return ClientException(f"{path} must be at least {low}, got {value}")
+    return ClientException(f"{path} must be at most {high}, got {value}")
+
+
 class Params:
-    """A JSON object from a request, with checked getters. ``where`` names it in messages."""
+    """A JSON object from a request, with checked getters. ``where`` names it in messages.
+
+    The bodies of AWS Batch operations have been checked against botocore's model before an
+    operation reads them (``gateway.shapes``): there the getters' type and presence checks hold
+    already, and the rules they add are gpuquota's own (names, the wire models' ranges). The same
+    getters check what no model describes here, the SageMaker ``serviceRequestPayload``."""
 
     def __init__(self, body: dict[str, Any], where: str = "") -> None:
         self.body = body
         self.where = where
 
     def _path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
+        return child(self.where, key)
 
     def has(self, key: str) -> bool:
         return self.body.get(key) is not None
@@ -37,20 +77,20 @@ class Params:
     def _get(self, key: str, required: bool) -> Any:
         value = self.body.get(key)
         if value is None and required:
-            raise ClientException(f"Missing required parameter: {self._path(key)}")
+            raise missing(self._path(key))
         return value
 
     def _typed(self, key: str, required: bool, kind: type, expected: str) -> Any:
         """The value of ``key`` if it is a ``kind`` (``None`` if absent and not ``required``)."""
         value = self._get(key, required)
         if value is not None and not isinstance(value, kind):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected {expected}")
+            raise wrong_type(self._path(key), expected)
         return value
 
     def string(self, key: str, required: bool = False, max_len: int | None = None) -> str | None:
         value: str | None = self._typed(key, required, str, "a string")
         if value is not None and max_len is not None and len(value) > max_len:
-            raise ClientException(f"{self._path(key)} must be at most {max_len} characters")
+            raise length_error(self._path(key), None, max_len, "characters")
         return value
 
     def req_string(self, key: str, max_len: int | None = None) -> str:
@@ -79,16 +119,11 @@ class Params:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected an integer")
+            raise wrong_type(self._path(key), "an integer")
         if high is None and value > MAX_INTEGER:
-            raise ClientException(f"{self._path(key)} must be at most {MAX_INTEGER}, got {value}")
+            raise out_of_range(self._path(key), None, MAX_INTEGER, value)
         if (low is not None and value < low) or (high is not None and value > high):
-            bounds = (
-                f"between {low} and {high}"
-                if low is not None and high is not None
-                else (f"at least {low}" if low is not None else f"at most {high}")
-            )
-            raise ClientException(f"{self._path(key)} must be {bounds}, got {value}")
+            raise out_of_range(self._path(key), low, high, value)
         return int(value)
 
     def ranged(self, key: str, model: type[BaseModel], field: str, required: bool = False) -> int | None:
@@ -106,7 +141,7 @@ class Params:
     def enum(self, key: str, allowed: Sequence[str], required: bool = False) -> str | None:
         value = self.string(key, required=required)
         if value is not None and value not in allowed:
-            raise ClientException(f"{self._path(key)} must be one of {', '.join(allowed)}, got {value}")
+            raise not_one_of(self._path(key), allowed, value)
         return value
 
     def req_unit(self, key: str = "capacityUnit") -> str:
@@ -128,7 +163,7 @@ class Params:
     def array(self, key: str, required: bool = False, max_items: int | None = None) -> list[Any] | None:
         value: list[Any] | None = self._typed(key, required, list, "a list")
         if value is not None and max_items is not None and len(value) > max_items:
-            raise ClientException(f"{self._path(key)} can have at most {max_items} entries")
+            raise length_error(self._path(key), None, max_items, "entries")
         return value
 
     def objs(self, key: str, required: bool = False, max_items: int | None = None) -> list[Params] | None:
@@ -138,9 +173,7 @@ class Params:
         out = []
         for index, item in enumerate(items):
             if not isinstance(item, dict):
-                raise ClientException(
-                    f"Invalid type for parameter {self._path(key)}[{index}]: expected an object"
-                )
+                raise wrong_type(f"{self._path(key)}[{index}]", "an object")
             out.append(Params(item, f"{self._path(key)}[{index}]"))
         return out
 
@@ -149,7 +182,7 @@ class Params:
         if items is None:
             return None
         if not all(isinstance(item, str) for item in items):
-            raise ClientException(f"Invalid type for parameter {self._path(key)}: expected a list of strings")
+            raise wrong_type(self._path(key), "a list of strings")
         return items
 
     def tags(self, key: str = "tags") -> dict[str, str] | None:
@@ -157,16 +190,14 @@ class Params:
         return None if value is None else check_tags(value)
 
 
-def check_tags(tags: dict[Any, Any]) -> dict[str, str]:
+def check_tags(tags: dict[str, str]) -> dict[str, str]:
+    """AWS's rules on a resource's tags that its model does not hold (the keys and values were checked
+    against the model, ``gateway.shapes``): at most 50, none under the prefix ``aws:``."""
     if len(tags) > MAX_TAGS:
         raise ClientException(f"A resource can have at most {MAX_TAGS} tags")
-    for k, v in tags.items():
-        if not isinstance(k, str) or not 1 <= len(k) <= 128:
-            raise ClientException("Tag keys must be strings of 1 to 128 characters")
+    for k in tags:
         if k.lower().startswith("aws:"):
             raise ClientException(f"Invalid value for tags: the prefix aws: is reserved for AWS use ({k})")
-        if not isinstance(v, str) or len(v) > 256:
-            raise ClientException(f"The value of tag {k} must be a string of at most 256 characters")
     return dict(tags)
 
 

@@ -32,8 +32,6 @@ def _policy_kind(p: Params) -> None:
         if p.has("quotaSharePolicy"):
             raise ClientException("Only one of fairsharePolicy or quotaSharePolicy can be set")
         raise ClientException("fairsharePolicy is not supported: gpuquota schedules with quotaSharePolicy")
-    if (qsp := p.obj("quotaSharePolicy")) is not None:
-        qsp.enum("idleResourceAssignmentStrategy", ("FIFO",), required=True)
 
 
 async def create(gw: Context, p: Params) -> dict[str, Any]:

@@ -5,9 +5,12 @@ Both modes report the core's rejection of an input (its ``InputRejected`` event)
 the Kafka port (``gpuquota.gateway.kafka_port``, distributed mode) produces the input and waits, up to
 its decision timeout, for the decision in the log. A write not decided by then is still accepted.
 
-An event log that refuses writes (``StoreWriteFailed``: the embedded mode's disk is full) makes the
-embedded port's write a 503 ``ServiceUnavailable`` with the reason: nothing was recorded, and the
-same request succeeds once the log takes writes again.
+Both ports first ask ``gateway.admission`` whether the backlog of undecided inputs has room: a
+submission over its bound is a 429 ``TooManyRequestsException`` with ``Retry-After``. A write that
+cannot be recorded is a 503 ``ServiceUnavailable`` that says why, never a hang: in embedded mode an
+event log that refuses writes (``StoreWriteFailed``: the disk is full; nothing was recorded, and the
+same request succeeds once the log takes writes again); in distributed mode a broker that does not
+acknowledge within the produce timeout (``kafka_port``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class CommandRejected(Exception):
 
 class CommandPort(Protocol):
     async def send(self, message: SchedulerInput) -> None:
-        """Deliver ``message`` to the scheduler; raise ``CommandRejected`` if it is known to be refused."""
+        """Deliver ``message`` to the scheduler; raise ``CommandRejected`` if it is known to be refused,
+        a 429 or 503 ``ApiError`` if it was not taken (module docstring)."""
         ...
 
 

@@ -23,9 +23,7 @@ def _time_limits(p: Params) -> tuple[TimeLimitAction, ...] | None:
         return None
     actions = []
     for item in items:
-        item.enum("state", ("RUNNABLE",), required=True)
-        action = item.enum("action", ("CANCEL", "TERMINATE"), required=True)
-        if action != "TERMINATE":
+        if item.req_string("action") != "TERMINATE":
             raise ClientException(
                 "The only jobStateTimeLimitActions action of SAGEMAKER_TRAINING queues is TERMINATE"
             )

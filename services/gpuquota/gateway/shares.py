@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuquota.gateway.context import Context
-from gpuquota.gateway.environments import STATES, capacity_limit, state_change
+from gpuquota.gateway.environments import capacity_limit, state_change
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_share
@@ -26,7 +26,7 @@ def _sharing(p: Params, required: bool) -> tuple[Strategy, int | None] | None:
     sharing = p.obj("resourceSharingConfiguration", required=required)
     if sharing is None:
         return None
-    strategy = Strategy(sharing.req_enum("strategy", tuple(s.value for s in Strategy)))
+    strategy = Strategy(sharing.req_string("strategy"))
     return strategy, sharing.integer("borrowLimit", low=-1)
 
 
@@ -34,7 +34,7 @@ def _in_share(p: Params, required: bool) -> bool | None:
     config = p.obj("preemptionConfiguration", required=required)
     if config is None:
         return None
-    return config.enum("inSharePreemption", STATES, required=True) == "ENABLED"
+    return config.req_string("inSharePreemption") == "ENABLED"
 
 
 def _answer(gw: Context, queue: str, name: str) -> dict[str, Any]:
