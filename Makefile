@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
 LINT_PATHS := $(wildcard services tests benchmarks)
 
-.PHONY: help install native test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
+.PHONY: help install native test lint demo images compose-up compose-down kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
 help:
 	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' with the pins of"
@@ -29,6 +29,10 @@ help:
 	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo); installs only the package"
 	@echo "                   and its runtime dependencies when .venv lacks them (no test tools, no podman)"
+	@echo "make images        build every image (base, gpuquota:dev, Kafka, PostgreSQL) from Debian's packages"
+	@echo "                   with podman, cached by content hash (deploy/local/images.sh; docs/images.md)"
+	@echo "make compose-up    build the images, start docker-compose.yml on podman (gateway on 127.0.0.1:8642)"
+	@echo "make compose-down  stop it and remove its containers, networks and volumes"
 	@echo "make kafka-start   start a local broker (deploy/local/kafka.sh); kafka-stop / kafka-status"
 	@echo "make postgres-start  start a throwaway PostgreSQL (deploy/local/postgres.sh); postgres-stop"
 
@@ -75,6 +79,16 @@ lint: install
 # The demo runs the Python core when `make native` has not compiled it: it takes seconds either way.
 demo: $(DEMO_STAMP)
 	$(BIN)/gpuquota demo
+
+images:
+	bash deploy/local/images.sh all
+	@bash deploy/local/images.sh list
+
+compose-up:
+	bash deploy/local/compose.sh up
+
+compose-down:
+	bash deploy/local/compose.sh down
 
 kafka-start: install
 	bash deploy/local/kafka.sh start
