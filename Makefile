@@ -23,9 +23,10 @@ help:
 	@echo "                   podman, runc, busybox-static from apt when missing (deploy/local/podman.sh, root)"
 	@echo "make native        compile the scheduling core with mypyc and the exit wrapper with cc"
 	@echo "                   (docs/configuration.md; skipped when current)"
-	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
-	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
-	@echo "                   again on the Python core (GPUQUOTA_PURE_PYTHON=1)"
+	@echo "make test          make images; start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS /"
+	@echo "                   DATABASE_URL are set, and podman's Docker API; run pytest (PYTEST_ARGS=...),"
+	@echo "                   tear down what was started; then the core's tests again on the Python core"
+	@echo "                   (GPUQUOTA_PURE_PYTHON=1)"
 	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo); installs only the package"
 	@echo "                   and its runtime dependencies when .venv lacks them (no test tools, no podman)"
@@ -59,8 +60,7 @@ native: install
 
 CORE_TESTS := tests/unit/core tests/property tests/unit/test_snapshots.py
 
-test: native
-	bash deploy/local/podman.sh install
+test: native images
 	bash deploy/local/test-stack.sh $(PYTEST_ARGS)
 	GPUQUOTA_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider $(CORE_TESTS)
 
@@ -80,7 +80,9 @@ lint: install
 demo: $(DEMO_STAMP)
 	$(BIN)/gpuquota demo
 
+# the images the compose and testcontainers tests run (cached: seconds when nothing changed)
 images:
+	bash deploy/local/podman.sh install
 	bash deploy/local/images.sh all
 	@bash deploy/local/images.sh list
 
