@@ -74,8 +74,12 @@ mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+BASE_CHECKED=0 # build_base runs once per invocation (FORCE=1 rebuilds the base once, not per image)
+
 build_base() {
   local hash t0=$SECONDS
+  [ "$BASE_CHECKED" = 1 ] && return
+  BASE_CHECKED=1
   hash="$(EXTRA="$SUITE $BASE_PACKAGES $BASE_RECIPE_VERSION" hash_files)"
   if fresh "$BASE" "$hash"; then log "$BASE: up to date"; return; fi
   if ! command -v mmdebstrap >/dev/null 2>&1; then
@@ -84,7 +88,10 @@ build_base() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2 \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2; }
   fi
-  log "$BASE: mmdebstrap $SUITE from $(mirror)"
+  log "$BASE: mmdebstrap $SUITE from $(mirror) (log: .cache/images/mmdebstrap.log)"
+  local quiet=()
+  [ "$ENGINE" = podman ] && quiet=(-q) # docker import has no --quiet
+  mkdir -p "$ROOT/.cache/images"
   # The dpkg path excludes stay in the image (/etc/dpkg/dpkg.cfg.d), so images built on it are slim
   # too; copyright files are kept.
   # merged-usr hook: /usr merged by mmdebstrap itself, not by the usrmerge package (which pulls perl, 47 MB)
@@ -94,9 +101,10 @@ build_base() {
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
     --aptopt='APT::Install-Recommends "false"' \
     --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
-    --quiet "$SUITE" - "$(mirror)" \
-    | "$ENGINE" import --change "LABEL gpuquota.inputs=$hash" --change 'CMD ["/bin/bash"]' \
-      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$BASE" >/dev/null
+    --quiet "$SUITE" - "$(mirror)" 2>"$ROOT/.cache/images/mmdebstrap.log" \
+    | "$ENGINE" import "${quiet[@]}" --change "LABEL gpuquota.inputs=$hash" --change 'CMD ["/bin/bash"]' \
+      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$BASE" >/dev/null \
+    || die "$BASE: mmdebstrap | $ENGINE import failed: $(tail -20 "$ROOT/.cache/images/mmdebstrap.log")"
   log "$BASE: built in $((SECONDS - t0))s"
 }
 
@@ -173,6 +181,8 @@ case "${1:-all}" in
     build_kafka
     build_postgres
     log "all images ready in $((SECONDS - t0))s ($ENGINE)"
+    # .ci/run's summary (the file test-stack.sh also writes to)
+    if [ -n "${GPUQUOTA_TIMINGS_FILE:-}" ]; then echo "images_s=$((SECONDS - t0))" >>"$GPUQUOTA_TIMINGS_FILE"; fi
     ;;
   base) build_base; echo "$BASE" ;;
   gpuquota) build_gpuquota ;;

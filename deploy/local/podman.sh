@@ -7,7 +7,8 @@
 #                                    when docker is installed and GPUQUOTA_CONTAINER_ENGINE=docker)
 #   deploy/local/podman.sh check     exit 0 when podman or docker is installed, print which
 #   deploy/local/podman.sh socket-start DIR
-#                                    podman's Docker-compatible API on unix://DIR/podman.sock (`podman
+#                                    podman's Docker-compatible API on unix://DIR/podman.sock (in
+#                                    $TMPDIR when DIR is too deep for a socket's path) (`podman
 #                                    system service --time=0`), for docker-compose and testcontainers;
 #                                    waits until it answers /_ping, prints its DOCKER_HOST; a no-op when
 #                                    it already answers. The pid goes to DIR/podman-service.pid
@@ -81,11 +82,21 @@ answers() { curl -sf --max-time 5 --unix-socket "$1" http://podman/_ping >/dev/n
 
 # A private socket per caller (test run, compose project) rather than the machine's
 # /run/podman/podman.sock: stopping it never breaks another caller's containers or API clients.
+socket_path() { # the socket of DIR: DIR/podman.sock, or a short path named in DIR/podman-socket
+  local dir="$1" sock
+  if [ -f "$dir/podman-socket" ]; then cat "$dir/podman-socket"; return; fi
+  sock="$dir/podman.sock"
+  # a unix socket's path has at most 107 bytes; a deep DIR (pytest's tmp_path) gets one in $TMPDIR
+  if [ "${#sock}" -gt 100 ]; then sock="$(mktemp -u "${TMPDIR:-/tmp}/gpuquota-api.XXXXXX").sock"; fi
+  echo "$sock" >"$dir/podman-socket"
+  echo "$sock"
+}
+
 socket_start() {
   local dir="${1:?usage: podman.sh socket-start DIR}" sock pid deadline
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
-  sock="$dir/podman.sock"
+  sock="$(socket_path "$dir")"
   if ! answers "$sock"; then
     rm -f "$sock"
     # setsid: the service outlives the shell that started it, not its process group's Ctrl-C
@@ -112,7 +123,7 @@ socket_stop() {
     while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true
   fi
-  rm -f "$dir/podman-service.pid" "$dir/podman.sock"
+  rm -f "$dir/podman-service.pid" "$(socket_path "$dir")" "$dir/podman-socket"
 }
 
 case "${1:-}" in
