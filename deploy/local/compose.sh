@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs docker-compose.yml (the whole distributed system) on podman, with nothing pulled from a registry:
+# Runs docker-compose.yml (the whole distributed system) on podman (or on a Docker daemon where one
+# answers: deploy/local/images.sh engine), with nothing pulled from a registry:
 #
 #   deploy/local/compose.sh up     the images (deploy/local/images.sh, cached), podman's API socket,
 #                                  `docker-compose up -d`; returns once the gateway answers on
@@ -50,13 +51,16 @@ need_compose() {
   log "apt-get install took $((SECONDS - t0))s"
 }
 
+ENGINE="$(bash deploy/local/images.sh engine)"
+
 socket() { # DOCKER_HOST of this project's podman API, started when it does not answer
+  [ "$ENGINE" = docker ] && return 0 # a Docker daemon answers: compose talks to it
   DOCKER_HOST="$(bash deploy/local/podman.sh socket-start "$RUN_DIR")"
   export DOCKER_HOST
 }
 
 project_containers() {
-  podman ps -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
+  "$ENGINE" ps -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
 }
 
 health_loop() { # what podman's systemd timer would do: run each healthcheck now and then
@@ -69,6 +73,7 @@ health_loop() { # what podman's systemd timer would do: run each healthcheck now
 }
 
 start_health_loop() {
+  [ "$ENGINE" = podman ] || return 0 # Docker runs healthchecks itself
   local pidfile="$RUN_DIR/health-loop.pid"
   if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then return 0; fi
   health_loop </dev/null >/dev/null 2>&1 &
@@ -113,7 +118,7 @@ down() {
     docker-compose down -v --remove-orphans --timeout 20 >&2
   fi
   stop_health_loop
-  bash deploy/local/podman.sh socket-stop "$RUN_DIR"
+  if [ "$ENGINE" = podman ]; then bash deploy/local/podman.sh socket-stop "$RUN_DIR"; fi
   rm -rf "$RUN_DIR"
   log "down in $((SECONDS - t0))s"
 }

@@ -34,10 +34,13 @@ LONG_JOB = json.dumps(
     }
 )
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["which", "podman"], capture_output=True).returncode != 0 and not os.environ.get("CI"),
-    reason="podman is not installed (deploy/local/podman.sh install)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        subprocess.run(["which", "podman"], capture_output=True).returncode != 0 and not os.environ.get("CI"),
+        reason="podman is not installed (deploy/local/podman.sh install)",
+    ),
+]
 
 
 def podman(*args: str) -> str:

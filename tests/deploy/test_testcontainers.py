@@ -22,6 +22,8 @@ import pytest
 
 from tests.testcontainers_services import docker_host
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_DOC = ROOT / "docs" / "testing-your-platform.md"
 
