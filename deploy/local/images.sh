@@ -177,9 +177,15 @@ case "${1:-all}" in
   all)
     t0=$SECONDS
     build_base
-    build_gpuquota
-    build_kafka
-    build_postgres
+    # the three on the base at once: their time is mostly apt's and pip's downloads, not the CPU
+    pids=()
+    for image in gpuquota kafka postgres; do
+      "build_$image" &
+      pids+=($!)
+    done
+    failed=0
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    [ "$failed" = 0 ] || die "an image failed to build (see above)"
     log "all images ready in $((SECONDS - t0))s ($ENGINE)"
     # .ci/run's summary (the file test-stack.sh also writes to)
     if [ -n "${GPUQUOTA_TIMINGS_FILE:-}" ]; then echo "images_s=$((SECONDS - t0))" >>"$GPUQUOTA_TIMINGS_FILE"; fi
