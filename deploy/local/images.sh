@@ -112,12 +112,15 @@ build() { # build NAME HASH CONTAINERFILE CONTEXT [extra build args...]
   local name="$1" hash="$2" file="$3" context="$4" t0=$SECONDS
   shift 4
   if fresh "$name" "$hash"; then log "$name: up to date"; return; fi
-  local format=()
+  local format=() tags=(-t "$name")
   [ "$ENGINE" = podman ] && format=(--format docker) # the OCI format drops HEALTHCHECK
+  # podman finds localhost/gpuquota:dev by its short name gpuquota:dev (docker-compose.yml's, the
+  # plugin's default); docker does not, so it gets that tag too
+  [ "$ENGINE" = docker ] && tags+=(-t "${name#localhost/}")
   log "$name: building $file"
   # --network host: RUN steps reach Debian's mirror and the package index without a container network
   "$ENGINE" build "${format[@]}" --network host -q --label "gpuquota.inputs=$hash" \
-    --build-arg "BASE=$BASE" "$@" -f "$file" -t "$name" "$context" >/dev/null
+    --build-arg "BASE=$BASE" "$@" -f "$file" "${tags[@]}" "$context" >/dev/null
   log "$name: built in $((SECONDS - t0))s"
 }
 
