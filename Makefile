@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
 LINT_PATHS := $(wildcard services tests benchmarks)
 
-.PHONY: help install native test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
+.PHONY: help install native test lint demo images compose-up compose-down kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
 help:
 	@echo "make install       create .venv (python3.11) and pip install -e '.[test]' with the pins of"
@@ -23,12 +23,17 @@ help:
 	@echo "                   podman, runc, busybox-static from apt when missing (deploy/local/podman.sh, root)"
 	@echo "make native        compile the scheduling core with mypyc and the exit wrapper with cc"
 	@echo "                   (docs/configuration.md; skipped when current)"
-	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
-	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
-	@echo "                   again on the Python core (GPUQUOTA_PURE_PYTHON=1)"
+	@echo "make test          make images; start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS /"
+	@echo "                   DATABASE_URL are set, and podman's Docker API; run pytest (PYTEST_ARGS=...),"
+	@echo "                   tear down what was started; then the core's tests again on the Python core"
+	@echo "                   (GPUQUOTA_PURE_PYTHON=1)"
 	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo); installs only the package"
 	@echo "                   and its runtime dependencies when .venv lacks them (no test tools, no podman)"
+	@echo "make images        build every image (base, gpuquota:dev, Kafka, PostgreSQL) from Debian's packages"
+	@echo "                   with podman, cached by content hash (deploy/local/images.sh; docs/images.md)"
+	@echo "make compose-up    build the images, start docker-compose.yml on podman (gateway on 127.0.0.1:8642)"
+	@echo "make compose-down  stop it and remove its containers, networks and volumes"
 	@echo "make kafka-start   start a local broker (deploy/local/kafka.sh); kafka-stop / kafka-status"
 	@echo "make postgres-start  start a throwaway PostgreSQL (deploy/local/postgres.sh); postgres-stop"
 
@@ -55,8 +60,7 @@ native: install
 
 CORE_TESTS := tests/unit/core tests/property tests/unit/test_snapshots.py
 
-test: native
-	bash deploy/local/podman.sh install
+test: native images
 	bash deploy/local/test-stack.sh $(PYTEST_ARGS)
 	GPUQUOTA_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider $(CORE_TESTS)
 
@@ -75,6 +79,18 @@ lint: install
 # The demo runs the Python core when `make native` has not compiled it: it takes seconds either way.
 demo: $(DEMO_STAMP)
 	$(BIN)/gpuquota demo
+
+# the images the compose and testcontainers tests run (cached: seconds when nothing changed)
+images:
+	bash deploy/local/podman.sh install
+	bash deploy/local/images.sh all
+	@bash deploy/local/images.sh list
+
+compose-up:
+	bash deploy/local/compose.sh up
+
+compose-down:
+	bash deploy/local/compose.sh down
 
 kafka-start: install
 	bash deploy/local/kafka.sh start

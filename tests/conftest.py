@@ -3,7 +3,10 @@
 ``kafka_bootstrap`` and ``database_url`` find a service in this order:
 
 1. the environment: ``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL`` (what ``make test`` exports);
-2. testcontainers, only when a Docker daemon answers ``docker.from_env().ping()``;
+2. testcontainers (``tests/testcontainers_services.py``: the local images ``make images`` builds), when
+   ``GPUQUOTA_TEST_SERVICES=containers`` (then through podman's API socket if no Docker daemon runs;
+   tests/deploy/test_testcontainers.py runs integration tests so) or when a Docker daemon answers
+   ``docker.from_env().ping()``;
 3. the local launchers ``deploy/local/kafka.sh`` / ``deploy/local/postgres.sh`` (Kafka from Maven
    jars, PostgreSQL from Debian's package), started for this session and stopped at its end.
 
@@ -31,8 +34,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = ROOT / "deploy" / "local"
 
-KAFKA_IMAGE = os.environ.get("GPUQUOTA_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.6.0")
-POSTGRES_IMAGE = os.environ.get("GPUQUOTA_TEST_POSTGRES_IMAGE", "postgres:16")
+
+def use_containers() -> bool:
+    """Kafka and PostgreSQL from testcontainers rather than the launchers (see the module docstring)."""
+    return os.environ.get("GPUQUOTA_TEST_SERVICES") == "containers" or docker_available()
 
 
 @functools.cache
@@ -127,11 +132,11 @@ def kafka_bootstrap() -> Iterator[str]:
     """Kafka bootstrap servers, ``host:port[,host:port]``."""
     if servers := os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield servers
-    elif docker_available():
-        from testcontainers.community.kafka import KafkaContainer
+    elif use_containers():
+        from tests.testcontainers_services import kafka_container
 
-        with KafkaContainer(KAFKA_IMAGE).with_kraft() as kafka:
-            yield str(kafka.get_bootstrap_server())
+        with kafka_container() as servers:
+            yield servers
     else:
         yield from _local("kafka.sh", "KAFKA_RUN_DIR", "bootstrap", "Kafka", "KAFKA_BOOTSTRAP_SERVERS")
 
@@ -141,11 +146,11 @@ def database_url() -> Iterator[str]:
     """A ``postgresql://user:password@host:port/db`` URL usable by asyncpg."""
     if url := os.environ.get("DATABASE_URL"):
         yield url
-    elif docker_available():
-        from testcontainers.community.postgres import PostgresContainer
+    elif use_containers():
+        from tests.testcontainers_services import postgres_container
 
-        with PostgresContainer(POSTGRES_IMAGE) as pg:
-            yield str(pg.get_connection_url(driver=None))
+        with postgres_container() as url:
+            yield url
     else:
         yield from _local("postgres.sh", "PG_RUN_DIR", "url", "PostgreSQL", "DATABASE_URL")
 

@@ -74,8 +74,12 @@ mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+BASE_CHECKED=0 # build_base runs once per invocation (FORCE=1 rebuilds the base once, not per image)
+
 build_base() {
   local hash t0=$SECONDS
+  [ "$BASE_CHECKED" = 1 ] && return
+  BASE_CHECKED=1
   hash="$(EXTRA="$SUITE $BASE_PACKAGES $BASE_RECIPE_VERSION" hash_files)"
   if fresh "$BASE" "$hash"; then log "$BASE: up to date"; return; fi
   if ! command -v mmdebstrap >/dev/null 2>&1; then
@@ -84,7 +88,10 @@ build_base() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2 \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2; }
   fi
-  log "$BASE: mmdebstrap $SUITE from $(mirror)"
+  log "$BASE: mmdebstrap $SUITE from $(mirror) (log: .cache/images/mmdebstrap.log)"
+  local quiet=()
+  [ "$ENGINE" = podman ] && quiet=(-q) # docker import has no --quiet
+  mkdir -p "$ROOT/.cache/images"
   # The dpkg path excludes stay in the image (/etc/dpkg/dpkg.cfg.d), so images built on it are slim
   # too; copyright files are kept.
   # merged-usr hook: /usr merged by mmdebstrap itself, not by the usrmerge package (which pulls perl, 47 MB)
@@ -94,9 +101,10 @@ build_base() {
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
     --aptopt='APT::Install-Recommends "false"' \
     --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
-    --quiet "$SUITE" - "$(mirror)" \
-    | "$ENGINE" import --change "LABEL gpuquota.inputs=$hash" --change 'CMD ["/bin/bash"]' \
-      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$BASE" >/dev/null
+    --quiet "$SUITE" - "$(mirror)" 2>"$ROOT/.cache/images/mmdebstrap.log" \
+    | "$ENGINE" import "${quiet[@]}" --change "LABEL gpuquota.inputs=$hash" --change 'CMD ["/bin/bash"]' \
+      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$BASE" >/dev/null \
+    || die "$BASE: mmdebstrap | $ENGINE import failed: $(tail -20 "$ROOT/.cache/images/mmdebstrap.log")"
   log "$BASE: built in $((SECONDS - t0))s"
 }
 
@@ -104,12 +112,15 @@ build() { # build NAME HASH CONTAINERFILE CONTEXT [extra build args...]
   local name="$1" hash="$2" file="$3" context="$4" t0=$SECONDS
   shift 4
   if fresh "$name" "$hash"; then log "$name: up to date"; return; fi
-  local format=()
+  local format=() tags=(-t "$name")
   [ "$ENGINE" = podman ] && format=(--format docker) # the OCI format drops HEALTHCHECK
+  # podman finds localhost/gpuquota:dev by its short name gpuquota:dev (docker-compose.yml's, the
+  # plugin's default); docker does not, so it gets that tag too
+  [ "$ENGINE" = docker ] && tags+=(-t "${name#localhost/}")
   log "$name: building $file"
   # --network host: RUN steps reach Debian's mirror and the package index without a container network
   "$ENGINE" build "${format[@]}" --network host -q --label "gpuquota.inputs=$hash" \
-    --build-arg "BASE=$BASE" "$@" -f "$file" -t "$name" "$context" >/dev/null
+    --build-arg "BASE=$BASE" "$@" -f "$file" "${tags[@]}" "$context" >/dev/null
   log "$name: built in $((SECONDS - t0))s"
 }
 
@@ -169,10 +180,18 @@ case "${1:-all}" in
   all)
     t0=$SECONDS
     build_base
-    build_gpuquota
-    build_kafka
-    build_postgres
+    # the three on the base at once: their time is mostly apt's and pip's downloads, not the CPU
+    pids=()
+    for image in gpuquota kafka postgres; do
+      "build_$image" &
+      pids+=($!)
+    done
+    failed=0
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    [ "$failed" = 0 ] || die "an image failed to build (see above)"
     log "all images ready in $((SECONDS - t0))s ($ENGINE)"
+    # .ci/run's summary (the file test-stack.sh also writes to)
+    if [ -n "${GPUQUOTA_TIMINGS_FILE:-}" ]; then echo "images_s=$((SECONDS - t0))" >>"$GPUQUOTA_TIMINGS_FILE"; fi
     ;;
   base) build_base; echo "$BASE" ;;
   gpuquota) build_gpuquota ;;

@@ -6,6 +6,14 @@
 #                                    (as root; otherwise a warning; a no-op when everything is there, or
 #                                    when docker is installed and GPUQUOTA_CONTAINER_ENGINE=docker)
 #   deploy/local/podman.sh check     exit 0 when podman or docker is installed, print which
+#   deploy/local/podman.sh socket-start DIR
+#                                    podman's Docker-compatible API on unix://DIR/podman.sock (in
+#                                    $TMPDIR when DIR is too deep for a socket's path) (`podman
+#                                    system service --time=0`), for docker-compose and testcontainers;
+#                                    waits until it answers /_ping, prints its DOCKER_HOST; a no-op when
+#                                    it already answers. The pid goes to DIR/podman-service.pid
+#   deploy/local/podman.sh socket-stop DIR
+#                                    stops that service (its containers keep running: conmon holds them)
 #
 # busybox-static is what the tests put in their locally built training image (no registry is reached);
 # netavark and aardvark-dns give a multi-instance attempt's network its DNS (host names algo-1, ...).
@@ -70,8 +78,58 @@ check() {
   log "engine: $(command -v podman || command -v docker)"
 }
 
+answers() { curl -sf --max-time 5 --unix-socket "$1" http://podman/_ping >/dev/null 2>&1; }
+
+# A private socket per caller (test run, compose project) rather than the machine's
+# /run/podman/podman.sock: stopping it never breaks another caller's containers or API clients.
+socket_path() { # the socket of DIR: DIR/podman.sock, or a short path named in DIR/podman-socket
+  local dir="$1" sock
+  if [ -f "$dir/podman-socket" ]; then cat "$dir/podman-socket"; return; fi
+  sock="$dir/podman.sock"
+  # a unix socket's path has at most 107 bytes; a deep DIR (pytest's tmp_path) gets one in $TMPDIR
+  if [ "${#sock}" -gt 100 ]; then sock="$(mktemp -u "${TMPDIR:-/tmp}/gpuquota-api.XXXXXX").sock"; fi
+  echo "$sock" >"$dir/podman-socket"
+  echo "$sock"
+}
+
+socket_start() {
+  local dir="${1:?usage: podman.sh socket-start DIR}" sock pid deadline
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  sock="$(socket_path "$dir")"
+  if ! answers "$sock"; then
+    rm -f "$sock"
+    # setsid: the service outlives the shell that started it, not its process group's Ctrl-C
+    setsid podman system service --time=0 "unix://$sock" >"$dir/podman-service.log" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$dir/podman-service.pid"
+    deadline=$((SECONDS + 30))
+    until answers "$sock"; do
+      kill -0 "$pid" 2>/dev/null || die "podman system service exited: $(tail -5 "$dir/podman-service.log")"
+      [ "$SECONDS" -lt "$deadline" ] || die "podman system service: no answer on $sock after 30 s"
+      sleep 0.2 # polling the socket for its first answer
+    done
+  fi
+  echo "unix://$sock"
+}
+
+socket_stop() {
+  local dir="${1:?usage: podman.sh socket-stop DIR}" pid deadline
+  [ -f "$dir/podman-service.pid" ] || return 0
+  pid="$(cat "$dir/podman-service.pid")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid"
+    deadline=$((SECONDS + 10))
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/podman-service.pid" "$(socket_path "$dir")" "$dir/podman-socket"
+}
+
 case "${1:-}" in
   install) install && configure ;;
   check) check ;;
-  *) echo "usage: $0 install|check" >&2; exit 2 ;;
+  socket-start) socket_start "${2:-}" ;;
+  socket-stop) socket_stop "${2:-}" ;;
+  *) echo "usage: $0 install|check|socket-start DIR|socket-stop DIR" >&2; exit 2 ;;
 esac

@@ -5,8 +5,10 @@
 #
 # - KAFKA_BOOTSTRAP_SERVERS set: use that broker, start none. Otherwise start deploy/local/kafka.sh.
 # - DATABASE_URL set: use that database, start none. Otherwise start deploy/local/postgres.sh.
-# Both are exported to pytest. Whatever this script started is stopped on exit, on failure and on
-# Ctrl-C/SIGTERM (trap). Exit status is pytest's (5 = no tests collected), or 1 if provisioning failed.
+# Both are exported to pytest. Also podman's Docker-compatible API on a socket of this run, exported as
+# GPUQUOTA_TEST_DOCKER_HOST (not DOCKER_HOST: the plugin's auto mode would then run every
+# gpuquota_stack in a container) for the tests that use testcontainers (tests/testcontainers_services.py).
+# Whatever this script started is stopped on exit, on failure and on Ctrl-C/SIGTERM (trap). Exit status is pytest's (5 = no tests collected), or 1 if provisioning failed.
 #
 # GPUQUOTA_TIMINGS_FILE (optional): file that receives "provision_s=", "tests_s=", "pytest_rc=" lines.
 set -euo pipefail
@@ -26,6 +28,7 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 started_kafka=0
 started_pg=0
+started_api=0
 pg_job=""
 cleaned=0
 cleanup() {
@@ -38,6 +41,7 @@ cleanup() {
   t0="$(now)"
   if [ "$started_kafka" = 1 ]; then bash deploy/local/kafka.sh stop || true; fi
   if [ "$started_pg" = 1 ]; then bash deploy/local/postgres.sh stop || true; fi
+  if [ "$started_api" = 1 ]; then bash deploy/local/podman.sh socket-stop "$STACK_DIR/podman" || true; fi
   if [ "$started_kafka" = 1 ] || [ "$started_pg" = 1 ]; then
     echo "test-stack: teardown took $(elapsed "$t0")s"
   fi
@@ -75,6 +79,15 @@ if [ -n "$pg_job" ]; then
   DATABASE_URL="$(cat "$PG_RUN_DIR/url")"
 fi
 export KAFKA_BOOTSTRAP_SERVERS DATABASE_URL
+if [ -z "${GPUQUOTA_TEST_DOCKER_HOST:-}" ] && command -v podman >/dev/null 2>&1; then
+  started_api=1
+  if GPUQUOTA_TEST_DOCKER_HOST="$(bash deploy/local/podman.sh socket-start "$STACK_DIR/podman")"; then
+    export GPUQUOTA_TEST_DOCKER_HOST
+    echo "test-stack: podman's Docker API on $GPUQUOTA_TEST_DOCKER_HOST"
+  else
+    echo "test-stack: WARNING: podman's Docker API did not start; the testcontainers tests start their own" >&2
+  fi
+fi
 provision_s="$(elapsed "$t_prov")"
 echo "test-stack: provisioning took ${provision_s}s (KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS)"
 echo "provision_s=$provision_s" >>"$TIMINGS"

@@ -16,9 +16,9 @@ client, ``endpoint_url`` and ``kafka_bootstrap`` (None unless distributed). Wher
 * ``embedded``: ``gpuquota up`` in this process, in a thread with its own event loop: gateway on a free
   port of 127.0.0.1, the scheduler, local node agents, the event log in SQLite under a temporary
   directory. No Kafka, no PostgreSQL, no Docker.
-* ``docker``: a testcontainers container of the gpuquota image (ini ``gpuquota_image``, default
-  ``gpuquota:dev``, built by ``docker build -f deploy/docker/Dockerfile -t gpuquota:dev .``) running
-  ``gpuquota up`` (embedded mode inside the container) on a mapped port.
+* ``docker``: a :class:`GpuquotaContainer` (testcontainers) of the gpuquota image (ini
+  ``gpuquota_image``, default ``gpuquota:dev``, built by ``make images``) running ``gpuquota up``
+  (embedded mode inside the container) on a mapped port.
 * ``distributed``: gateway, Faust scheduler and node agents over a real Kafka broker and PostgreSQL
   (``--gpuquota-kafka`` / ``--gpuquota-database-url``, else ``KAFKA_BOOTSTRAP_SERVERS`` /
   ``DATABASE_URL``), with topics and pool unique to the test.
@@ -28,7 +28,9 @@ instances) and ``gpuquota_runtime`` (default ``simulated``: no processes; a job 
 ``Environment.GPUQUOTA_SIM_DURATION_SECONDS``, default 60), or per test
 ``@pytest.mark.gpuquota(nodes="ml.g5.xlarge=2,ml.p4d.24xlarge=1", runtime="process")``.
 
-Outside pytest, :func:`start_stack` is the same thing as a context manager.
+Outside pytest, :func:`start_stack` is the same thing as a context manager, and
+:class:`GpuquotaContainer` (``gpuquota.testcontainer``, imported from here on first use) is the docker
+mode's container itself, for tests that manage their own testcontainers.
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, get_args
 
 import pytest
+
+if TYPE_CHECKING:
+    from gpuquota.testcontainer import GpuquotaContainer as GpuquotaContainer
 
 Mode = Literal["auto", "embedded", "docker", "distributed"]
 Runtime = Literal["simulated", "process"]
@@ -293,26 +298,13 @@ def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStac
 
 @contextlib.contextmanager
 def _container(options: StackOptions) -> Iterator[GpuquotaStack]:
-    from testcontainers.core.container import DockerContainer
-    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
+    from gpuquota.testcontainer import GpuquotaContainer
 
-    command = [
-        "gpuquota", "up", "--host", "0.0.0.0", "--allow-unauthenticated", "--port", str(CONTAINER_PORT),
-        "--nodes", options.nodes, "--runtime", options.runtime, "--data-dir", "/tmp/gpuquota",
-    ]  # fmt: skip
-    ready = LogMessageWaitStrategy("gpuquota ready on").with_startup_timeout(int(options.start_timeout))
-    container = (
-        DockerContainer(options.image)
-        .with_command(command)
-        .with_exposed_ports(CONTAINER_PORT)
-        .waiting_for(ready)
+    container = GpuquotaContainer(
+        options.image, nodes=options.nodes, runtime=options.runtime, start_timeout=options.start_timeout
     )
-    container.start()
-    try:
-        host = container.get_container_host_ip()
-        yield GpuquotaStack(f"http://{host}:{container.get_exposed_port(CONTAINER_PORT)}", "docker")
-    finally:
-        container.stop()
+    with container:
+        yield GpuquotaStack(container.get_endpoint_url(), "docker")
 
 
 @functools.cache
@@ -432,3 +424,12 @@ def gpuquota_stack(
     data_dir = None if resolve_mode(options) == "docker" else tmp_path_factory.mktemp("gpuquota")
     with start_stack(options, data_dir) as stack:
         yield stack
+
+
+def __getattr__(name: str) -> Any:
+    """``GpuquotaContainer`` on first use: the plugin itself loads without testcontainers installed."""
+    if name == "GpuquotaContainer":
+        from gpuquota.testcontainer import GpuquotaContainer
+
+        return GpuquotaContainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,8 +46,14 @@ GPUQUOTA_SERVICES = {name: svc for name, svc in SERVICES.items() if _is_gpuquota
 def test_expected_services_exist() -> None:
     commands = sorted(_command(svc)[1] for svc in GPUQUOTA_SERVICES.values())
     assert commands == ["gateway", "node-agent", "node-agent", "scheduler"]
-    assert SERVICES["kafka"]["image"] == "apache/kafka:4.1.2"
-    assert SERVICES["postgres"]["image"] == "postgres:16"
+    # the images `make images` builds (deploy/local/images.sh): nothing is pulled from a registry
+    images_sh = (ROOT / "deploy" / "local" / "images.sh").read_text()
+    for service, image in (
+        ("kafka", "localhost/gpuquota-kafka:dev"),
+        ("postgres", "localhost/gpuquota-postgres:dev"),
+    ):
+        assert SERVICES[service]["image"] == image
+        assert f"build {image} " in images_sh, f"deploy/local/images.sh does not build {image}"
 
 
 @pytest.mark.parametrize("name", sorted(GPUQUOTA_SERVICES))
