@@ -25,8 +25,9 @@ one commit however long it is; a constraint violation by any row aborts the whol
 Any failed append is classified afterwards by asking whether ``input_id`` is recorded: if it is,
 the input is a duplicate (also when the writer was stale, as the in-memory twin does); otherwise the
 writer was stale (for a batch: if any of its inputs is recorded, ``DuplicateInput`` names it).
-Connection failures become ``TransientStoreError``; after one the append may or may not have
-committed, and a retry then answers ``DuplicateInput`` if it had.
+Connection failures, and the errors of a server that shuts down, crashed, recovers, has no connection
+left or has just failed over (``TRANSIENT_ERRORS``), become ``TransientStoreError``; after one the
+append may or may not have committed, and a retry then answers ``DuplicateInput`` if it had.
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
+    # 57P0x: the server shuts down, crashed ("terminating connection because of crash of another server
+    # process", what every session gets when a backend is killed) or is still recovering
+    asyncpg.exceptions.OperatorInterventionError,
+    # 53xxx: too many connections (a restarted server while clients reconnect), out of memory or disk
+    asyncpg.exceptions.InsufficientResourcesError,
+    # a failover: the old primary answers read-only, or a transaction lost to the new one
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.TransactionRollbackError,
 )
 
 _APPEND_MANY = """
