@@ -32,8 +32,8 @@ append may or may not have committed, and a retry then answers ``DuplicateInput`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import asyncpg
@@ -65,6 +65,10 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     # a failover: the old primary answers read-only, or a transaction lost to the new one
     asyncpg.exceptions.ReadOnlySQLTransactionError,
     asyncpg.exceptions.TransactionRollbackError,
+    # a connection whose server went away in the middle of an operation ("cannot switch to state 12;
+    # another operation (2) is in progress", seen when the server is SIGKILLed): the pool's connections
+    # are expired with it (``_transient``), so the retry gets a fresh one
+    asyncpg.InternalClientError,
 )
 
 _APPEND_MANY = """
@@ -110,11 +114,14 @@ async def _keep_session(connection: Any) -> None:
     cursors or advisory locks), and asyncpg's default reset costs a round trip per query."""
 
 
-@contextmanager
-def _transient() -> Iterator[None]:
+@asynccontextmanager
+async def _transient(pool: Any) -> AsyncIterator[None]:
+    """Driver errors of an unreachable, restarting or failed-over server become ``TransientStoreError``."""
     try:
         yield
     except TRANSIENT_ERRORS as exc:
+        if pool is not None and isinstance(exc, asyncpg.InternalClientError):
+            await pool.expire_connections()  # none of them is trusted any more
         raise TransientStoreError(f"postgres: {exc!r}") from exc
 
 
@@ -138,16 +145,15 @@ class PostgresEventStore(EventStore):
     ) -> PostgresEventStore:
         """Opens a pool (tables in ``schema`` if given, which must exist) and applies the migrations."""
         settings = {} if schema is None else {"search_path": '"' + schema.replace('"', '""') + '"'}
-        with _transient():
+        async with _transient(None):
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, server_settings=settings, reset=_keep_session
             )
         store = cls(pool, keep_snapshots)
         if migrate:
             try:
-                with _transient():
-                    async with pool.acquire() as conn:
-                        await apply_migrations(conn)
+                async with _transient(pool), pool.acquire() as conn:
+                    await apply_migrations(conn)
             except BaseException:
                 await pool.close()
                 raise
@@ -170,7 +176,7 @@ class PostgresEventStore(EventStore):
         inputs = [encode_input(message) for message, _, _ in entries]
         events = [encode_events(decided) for _, decided, _ in entries]
         args = (pool, expected_seq, ids, topics, partitions, offsets, inputs, events)
-        with _transient():
+        async with _transient(self._pool):
             try:
                 count = await self._pool.fetchval(_APPEND_MANY, *args)
             except asyncpg.UniqueViolationError as exc:
@@ -181,7 +187,7 @@ class PostgresEventStore(EventStore):
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         sql = "SELECT input_id FROM inputs WHERE input_id = ANY($1::text[])"
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(sql, list(input_ids))
         return {row[0] for row in rows}
 
@@ -199,47 +205,46 @@ class PostgresEventStore(EventStore):
 
     async def last_seq(self, pool: str) -> int:
         sql = "SELECT COALESCE(MAX(input_seq), 0) FROM inputs WHERE pool = $1"
-        with _transient():
+        async with _transient(self._pool):
             return int(await self._pool.fetchval(sql, pool))
 
     async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(_READ, pool, after_seq, limit)
         return [decode_record(row[0], row[1], row[2]) for row in rows]
 
     async def positions(self, pool: str) -> dict[tuple[str, int], int]:
         sql = "SELECT topic, partition, next_offset FROM consumer_positions WHERE pool = $1"
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(sql, pool)
         return {(row[0], row[1]): row[2] for row in rows}
 
     async def pools_at(self, topic: str, partition: int) -> list[str]:
         """The pools with a recorded consumer position on ``(topic, partition)`` (scheduler recovery)."""
         sql = "SELECT pool FROM consumer_positions WHERE topic = $1 AND partition = $2 ORDER BY pool"
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(sql, topic, partition)
         return [row[0] for row in rows]
 
     async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
-        with _transient():
-            async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute(
-                    """INSERT INTO snapshots (pool, seq, schema_version, state) VALUES ($1, $2, $3, $4)
-                       ON CONFLICT (pool, seq) DO UPDATE
-                       SET schema_version = EXCLUDED.schema_version, state = EXCLUDED.state,
-                           created_at = now()""",
-                    pool, snapshot.seq, snapshot.schema_version, snapshot.state,
-                )  # fmt: skip
-                # keep the newest few: an older one is only useful if the newest cannot be loaded
-                await conn.execute(
-                    """DELETE FROM snapshots WHERE pool = $1 AND seq NOT IN
-                       (SELECT seq FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT $2)""",
-                    pool, self._keep_snapshots,
-                )  # fmt: skip
+        async with _transient(self._pool), self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """INSERT INTO snapshots (pool, seq, schema_version, state) VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (pool, seq) DO UPDATE
+                   SET schema_version = EXCLUDED.schema_version, state = EXCLUDED.state,
+                       created_at = now()""",
+                pool, snapshot.seq, snapshot.schema_version, snapshot.state,
+            )  # fmt: skip
+            # keep the newest few: an older one is only useful if the newest cannot be loaded
+            await conn.execute(
+                """DELETE FROM snapshots WHERE pool = $1 AND seq NOT IN
+                   (SELECT seq FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT $2)""",
+                pool, self._keep_snapshots,
+            )  # fmt: skip
 
     async def latest_snapshot(self, pool: str) -> Snapshot | None:
         sql = "SELECT seq, schema_version, state FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT 1"
-        with _transient():
+        async with _transient(self._pool):
             row = await self._pool.fetchrow(sql, pool)
         return None if row is None else Snapshot(seq=row[0], schema_version=row[1], state=bytes(row[2]))
 
