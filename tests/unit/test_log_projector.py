@@ -3,7 +3,9 @@ folded (issue #30): it rebuilds from the log, or says it cannot (liveness), neve
 
 from __future__ import annotations
 
-from gpuquota.adapters.event_store import InMemoryEventStore
+import pytest
+
+from gpuquota.adapters.event_store import InMemoryEventStore, Record, TransientStoreError
 from gpuquota.core import decide, evolve, fingerprint, replay
 from gpuquota.gateway.log_tail import LogProjector
 from gpuquota.readmodel import ReadModel
@@ -78,3 +80,35 @@ async def test_a_record_that_cannot_be_applied_even_from_the_start_fails_livenes
 
     assert await projector.catch_up() == 0
     assert projector.failure is not None and "cannot be rebuilt" in projector.failure
+
+
+class FlakyStore(InMemoryEventStore):
+    """Reads fail (transiently) while ``down``."""
+
+    down = False
+
+    async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
+        if self.down:
+            raise TransientStoreError("postgres: ConnectionRefusedError(111)")
+        return await super().read(pool, after_seq, limit)
+
+
+async def test_a_log_cut_short_is_folded_again_once_the_store_answers() -> None:
+    h = Harness.worked_example()
+    h.submit(job("a").share("QS1"))
+    store = FlakyStore()
+    await record_all(store, h)
+    keep = await store.last_seq(POOL)
+    h.running("a").succeed("a")
+    await record_all(store, h)
+    projector = LogProjector(store, ReadModel(), POOL)
+    await projector.catch_up()
+
+    cut(store, keep)  # nothing written after the cut yet: the projection is ahead of the log
+    store.down = True
+    with pytest.raises(TransientStoreError):
+        await projector.catch_up()
+    store.down = False
+    assert await projector.catch_up() == keep
+    assert projector.rebuilds == 1 and projector.seq == keep
+    assert statuses(projector.read_model)["a"] != "SUCCEEDED"  # as the shorter log says
