@@ -66,8 +66,9 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.ReadOnlySQLTransactionError,
     asyncpg.exceptions.TransactionRollbackError,
     # a connection whose server went away in the middle of an operation ("cannot switch to state 12;
-    # another operation (2) is in progress", seen when the server is SIGKILLed): the pool's connections
-    # are expired with it (``_transient``), so the retry gets a fresh one
+    # another operation (2) is in progress", seen when the server is SIGKILLed; the pool's connections
+    # are expired with it, ``_transient``, so the retry gets a fresh one), and, its subclass, no server
+    # of the URL's hosts answers as ``target_session_attrs`` asks (a failover under way)
     asyncpg.InternalClientError,
 )
 
