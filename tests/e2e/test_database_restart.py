@@ -16,12 +16,14 @@ own start and end markers and from the log:
   (``faults.check_events``), and List shows every job SUCCEEDED;
 
 and the time from the database's return until a job ends again and the read model is caught up.
+The scheduler's and the gateway's ``/health/ready`` name the database while it is away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -60,6 +62,12 @@ async def durable_postgres(tmp_path: Path) -> AsyncIterator[PrivatePostgres]:
         await asyncio.to_thread(made.stop)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 async def readiness(url: str) -> tuple[int, dict[str, Any]]:
     async with aiohttp.ClientSession() as session, session.get(f"{url}/health/ready") as answer:
         return answer.status, await answer.json()
@@ -94,6 +102,8 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
     out = tmp_path / "out"
     out.mkdir()
     cluster = Cluster(kafka_bootstrap, durable_postgres.url, tmp_path, heartbeat_seconds=HEARTBEAT_SECONDS)
+    ops = f"http://127.0.0.1:{free_port()}"  # the scheduler's /health/*
+    cluster.scheduler.env["GPUQUOTA_METRICS_PORT"] = ops.rsplit(":", 1)[1]
     try:
         await cluster.start()
         node = cluster.node_id("a")
@@ -121,11 +131,12 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
         crashed = time.monotonic()
         await asyncio.to_thread(durable_postgres.crash)
 
-        async def names_the_database() -> bool:
-            status, body = await readiness(url)
+        async def names_the_database(service: str) -> bool:
+            status, body = await readiness(service)
             return status == 503 and "database" in str(body.get("checks", body))
 
-        await apoll(names_the_database, 30, "the gateway's readiness to name the database", 0.2)
+        await apoll(functools.partial(names_the_database, url), 30, "the gateway's readiness to fail", 0.2)
+        await apoll(functools.partial(names_the_database, ops), 30, "the scheduler's readiness to fail", 0.2)
         await asyncio.sleep(max(0.0, crashed + OUTAGE_SECONDS - time.monotonic()))  # the fault's length
         assert cluster.scheduler.alive, "the scheduler exited while the database was away"
         restart_seconds = await asyncio.to_thread(durable_postgres.restart)
@@ -139,7 +150,8 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
         store = cluster.gateway.store
 
         async def caught_up() -> bool:
-            return projector.seq == await store.last_seq(cluster.pool) and (await readiness(url))[0] == 200
+            caught = projector.seq == await store.last_seq(cluster.pool)
+            return caught and (await readiness(url))[0] == 200 and (await readiness(ops))[0] == 200
 
         await apoll(caught_up, 60, "the read model to catch up and the gateway to be ready", 0.1)
         read_model_back = time.monotonic() - back
