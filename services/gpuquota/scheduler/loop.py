@@ -303,14 +303,16 @@ class RetryPolicy:
         deciding nothing meanwhile, for at most ``seconds``; then ``LoopFailed``."""
         delay = self.initial
         deadline: float | None = time.monotonic() + self.seconds
+        failed = 0
         while True:
             try:
                 result = await call()
-                if not self.available and self.warn is not None:
-                    self.warn(f"{what}: store available again after {self.errors} failed tries")
+                if failed and not self.available and self.warn is not None:
+                    self.warn(f"{what}: store available again after {failed} failed tries")
                 self.available = True
                 return result
             except TransientStoreError as exc:
+                failed += 1
                 deadline = self._unavailable(exc, deadline, what)
                 await asyncio.sleep(delay)  # back-off before retrying
                 delay = min(delay * 2, self.longest)

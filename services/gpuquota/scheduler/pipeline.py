@@ -118,7 +118,7 @@ class LogTruncated(LoopFailed):
 
     The state, the recorded positions and what was published all ran ahead of the log, so this process
     cannot go on: it fails, and its restart recovers from the log that is left, reading the inputs the
-    log lost from Kafka again (``faust_app.SchedulerService._rewind``)."""
+    log lost from Kafka again (``scheduler.rewind``)."""
 
 
 class Pipeline(BatchFlight):
