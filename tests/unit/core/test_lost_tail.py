@@ -24,8 +24,8 @@ def test_a_success_for_an_attempt_the_log_never_dispatched_is_adopted() -> None:
     assert h.record("b").status is JobStatus.RUNNABLE and h.record("b").attempt_number == 0
     h.report_attempt("node-0", "b", "b#1", "SUCCEEDED")
 
-    assert [type(e) for e in h.last] == [ev.JobSucceeded]
-    assert h.last[0].attempt_id == "b#1"
+    (adopted,) = h.last
+    assert isinstance(adopted, ev.JobSucceeded) and adopted.attempt_id == "b#1"
     assert "b" not in h.state.jobs  # terminal: never dispatched again
     assert h.record("a").status is JobStatus.SCHEDULED  # the other job is untouched
     assert fingerprint(replay(h.events)) == fingerprint(h.state)  # replayable
