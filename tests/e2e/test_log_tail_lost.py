@@ -111,6 +111,10 @@ async def test_a_log_that_lost_its_tail_runs_no_finished_job_again(
 
     acknowledged = await submitting
     jobs = list(acknowledged.values())
+    # a job whose submission the log lost is unknown (Describe: "does not exist") until the restarted
+    # scheduler has read its input again and decided it
+    known = cluster.gateway.read_model.jobs
+    await apoll(lambda: all(j in known for j in jobs), 120, "every acknowledged job to be decided", 0.2)
     await settle(url, jobs, 300, cluster.logs)
     recovered = time.monotonic() - restarted
     await apoll(lambda: all(r.end is not None for r in read_runs(out)), 30, "every run to end")
