@@ -6,6 +6,10 @@
 #                                    roles); prints "postgres ready on 127.0.0.1:PORT in N.Ns"
 #   deploy/local/postgres.sh stop    pg_ctl stop -m fast, remove the temp dir
 #   deploy/local/postgres.sh status  exit 0 and print the URL if running, else exit 1
+#   deploy/local/postgres.sh crash   SIGKILL the postmaster and every server process (a crash: no
+#                                    shutdown checkpoint), keeping the data dir
+#   deploy/local/postgres.sh restart start the crashed (or stopped) cluster again on its data dir and
+#                                    port (crash recovery replays the WAL); prints the seconds it took
 #
 # If DATABASE_URL is set, 'start' starts nothing: it records that URL and exits.
 # Installs the postgresql package with apt-get only when no /usr/lib/postgresql/*/bin/initdb exists
@@ -15,6 +19,8 @@
 #   PG_RUN_DIR   state dir: url, pgdata path, logs (default .cache/postgres-run)
 #   PG_PORT      port (default: a free port)
 #   PG_USER / PG_PASSWORD / PG_DB   default gpuquota / gpuquota / gpuquota
+#   PG_DURABLE   1: production durability (fsync, synchronous_commit, full_page_writes on), for the
+#                crash tests; default off: speed over durability for a cluster that is thrown away
 #
 # After a successful start, $PG_RUN_DIR/url holds postgresql://USER:PASS@127.0.0.1:PORT/DB.
 set -euo pipefail
@@ -115,14 +121,20 @@ start() {
   as_owner "$bin/initdb" -D "$base/data" -U postgres -E UTF8 --locale=C.UTF-8 --no-sync \
     --auth-local=trust --auth-host=scram-sha-256 >"$base/initdb.log" 2>&1 \
     || { cat "$base/initdb.log" >&2; die "initdb failed"; }
-  # speed over durability: this cluster is thrown away
   cat >>"$base/data/postgresql.conf" <<EOF
 listen_addresses = '127.0.0.1'
 port = $port
 unix_socket_directories = '$base/sock'
+EOF
+  if [ "${PG_DURABLE:-0}" != 1 ]; then
+    # speed over durability: this cluster is thrown away (the crash tests set PG_DURABLE=1)
+    cat >>"$base/data/postgresql.conf" <<EOF
 fsync = off
 synchronous_commit = off
 full_page_writes = off
+EOF
+  fi
+  cat >>"$base/data/postgresql.conf" <<EOF
 wal_level = minimal
 max_wal_senders = 0
 max_connections = 200
@@ -172,6 +184,44 @@ stop() {
   fi
 }
 
+# The postmaster and its children (backends, checkpointer, walwriter...), by pid.
+server_pids() {
+  local base pid
+  base="$(cat "$RUN_DIR/pgdata")"
+  pid="$(head -1 "$base/data/postmaster.pid" 2>/dev/null || true)"
+  [ -n "$pid" ] || return 0
+  echo "$pid"
+  cat "/proc/$pid/task/$pid/children" 2>/dev/null || true
+}
+
+crash() {
+  [ -f "$RUN_DIR/pgdata" ] || die "not running"
+  local pids
+  pids="$(server_pids | tr '\n' ' ')"
+  [ -n "${pids// /}" ] || die "no postmaster.pid"
+  # shellcheck disable=SC2086 # one pid per word
+  kill -KILL $pids 2>/dev/null || true
+  local p
+  for p in $pids; do
+    # gone, or a zombie its parent has not reaped yet (kill -0 succeeds on a zombie)
+    while [ -e "/proc/$p" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done
+  done
+  log "killed (SIGKILL) $pids"
+}
+
+restart() {
+  local t0 base bin
+  [ -f "$RUN_DIR/pgdata" ] || die "no cluster to restart"
+  t0="$(now)"
+  base="$(cat "$RUN_DIR/pgdata")"
+  bin="$(pg_bindir)"
+  if ! as_owner "$bin/pg_ctl" start -D "$base/data" -l "$base/server.log" -w -t 60 >/dev/null; then
+    tail -20 "$base/server.log" >&2 || true
+    die "pg_ctl start failed"
+  fi
+  echo "postgres restarted in $(elapsed "$t0")s"
+}
+
 status() {
   if [ -f "$RUN_DIR/url" ] && { running || [ ! -f "$RUN_DIR/pgdata" ]; }; then
     echo "postgres: $(sed 's#//\([^:]*\):[^@]*@#//\1:***@#' "$RUN_DIR/url")"
@@ -185,5 +235,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  crash) crash ;;
+  restart) restart ;;
+  *) echo "usage: $0 start|stop|status|crash|restart" >&2; exit 2 ;;
 esac

@@ -140,6 +140,11 @@ class ReadModel:
         self.head_since: dict[ShareKey, tuple[str, int]] = {}
         """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
 
+    def adopt(self, other: ReadModel) -> None:
+        """Take over ``other``'s views: a projection rebuilt from the log, swapped in place so that
+        every holder of this read model sees it (``gateway.log_tail``)."""
+        vars(self).update(vars(other))
+
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
@@ -303,6 +308,8 @@ class ReadModel:
 
     def _on_JobSucceeded(self, e: ev.JobSucceeded) -> None:
         job = self.jobs[e.job_id]
+        if job.status is JobStatus.RUNNABLE:  # a success the log had lost, adopted (core.lost_tail)
+            self._dequeue(job)
         self._release(job)
         self._close_attempt(job, e.occurred_at, e.status_reason)
         job.status = JobStatus.SUCCEEDED

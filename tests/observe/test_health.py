@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpuquota.observe import healthcheck
-from gpuquota.observe.health import OpsServer, broker_probe, lag_probe, readiness
+from gpuquota.observe.health import OpsServer, add_routes, broker_probe, lag_probe, readiness
 from gpuquota.observe.metrics import new_registry
 from gpuquota.observe.startup import EXIT_UNREACHABLE, Unreachable, unknown_variables, wait_for
 from tests.observe.helpers import get_json, stack, two_steps
@@ -181,3 +183,17 @@ def test_the_healthcheck_port_follows_the_command(argv: list[str], port: str) ->
     assert healthcheck.url({"GPUQUOTA_METRICS_PORT": "9464", "GPUQUOTA_PORT": "7000"}, argv).endswith(
         ":9464/health/live"
     )
+
+
+async def test_live_is_503_with_the_reason_once_something_broke_for_good() -> None:
+    """A liveness check (the gateway's read model that cannot be rebuilt from the log) fails
+    ``/health/live``: only a restart helps, and the body says why."""
+    broken: list[str | None] = [None]
+    app = web.Application()
+    add_routes(app.router, new_registry(), {}, lambda: broken[0])
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/health/live")).status == 200
+        broken[0] = "the read model cannot be rebuilt from the log: IllegalTransition(...)"
+        answer = await client.get("/health/live")
+        assert answer.status == 503
+        assert await answer.json() == {"status": "not live", "reason": broken[0]}

@@ -19,7 +19,6 @@ from gpuquota.adapters.kafka import KafkaTopics, partition_for
 from gpuquota.core import fingerprint, replay
 from gpuquota.scheduler import pools as scheduler_pools
 from gpuquota.scheduler.faust_app import SchedulerService
-from gpuquota.scheduler.pipeline import PipelineFailed
 from gpuquota.wire import events as ev
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, RunAttempt
@@ -244,7 +243,7 @@ def state_of_replayed(inputs: list[SchedulerInput]) -> Any:
     return state
 
 
-async def test_a_database_outage_beyond_the_retry_bound_fails_the_service(
+async def test_a_database_outage_beyond_the_retry_bound_leaves_the_service_unready_not_dead(
     kafka_bootstrap: str,
     topics: KafkaTopics,
     pool: str,
@@ -254,21 +253,28 @@ async def test_a_database_outage_beyond_the_retry_bound_fails_the_service(
     store: EventStore,
     pg_proxy: tuple[TcpProxy, str],
 ) -> None:
+    """Issue #30: past ``store_retry_seconds`` the scheduler says so and retries on (its readiness
+    fails, its process stays); the input waits on Kafka and is decided once the database is back."""
     proxy, proxied_url = pg_proxy
     inputs = scenario(run_id, jobs=1)
     config = scheduler_config(kafka_bootstrap, proxied_url, topics, pool, tmp_path, store_retry_seconds=1)
     service = SchedulerService(config)
-    await service.start()
-    try:
+    async with running(service):
+        assert service.pipeline is not None
+        pipeline = service.pipeline
         await producer.send(inputs[0])
         await logged(store, pool, 1)
         await proxy.stop()
         await producer.send(inputs[1])
-        failure = await asyncio.wait_for(service.wait(), 30)
-    finally:
-        await service.stop()
-    assert isinstance(failure, PipelineFailed), failure
-    assert await store.last_seq(pool) == 1
+        errors = pipeline.stats.transient_errors
+        # well past the bound: retries at the longest back-off (2 s) go on, the service does not fail
+        await wait_until(lambda: pipeline.stats.transient_errors >= errors + 4, 30, "retries past the bound")
+        assert service.failure is None and not pipeline.store_available
+        assert await store.last_seq(pool) == 1
+
+        await proxy.start()
+        await logged(store, pool, 2)
+        assert pipeline.store_available and service.failure is None
 
 
 def pools_on_distinct_partitions(run_id: str) -> list[str]:

@@ -25,14 +25,15 @@ one commit however long it is; a constraint violation by any row aborts the whol
 Any failed append is classified afterwards by asking whether ``input_id`` is recorded: if it is,
 the input is a duplicate (also when the writer was stale, as the in-memory twin does); otherwise the
 writer was stale (for a batch: if any of its inputs is recorded, ``DuplicateInput`` names it).
-Connection failures become ``TransientStoreError``; after one the append may or may not have
-committed, and a retry then answers ``DuplicateInput`` if it had.
+Connection failures, and the errors of a server that shuts down, crashed, recovers, has no connection
+left or has just failed over (``TRANSIENT_ERRORS``), become ``TransientStoreError``; after one the
+append may or may not have committed, and a retry then answers ``DuplicateInput`` if it had.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import asyncpg
@@ -56,8 +57,19 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
+    # 57P0x: the server shuts down, crashed ("terminating connection because of crash of another server
+    # process", what every session gets when a backend is killed) or is still recovering
+    asyncpg.exceptions.OperatorInterventionError,
+    # 53xxx: too many connections (a restarted server while clients reconnect), out of memory or disk
+    asyncpg.exceptions.InsufficientResourcesError,
+    # a failover: the old primary answers read-only, or a transaction lost to the new one
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.TransactionRollbackError,
+    # a connection whose server went away in the middle of an operation ("cannot switch to state 12;
+    # another operation (2) is in progress", seen when the server is SIGKILLed; the pool's connections
+    # are expired with it, ``_transient``, so the retry gets a fresh one), and, its subclass, no server
+    # of the URL's hosts answers as ``target_session_attrs`` asks (a failover under way)
+    asyncpg.InternalClientError,
 )
 
 _APPEND_MANY = """
@@ -103,11 +115,14 @@ async def _keep_session(connection: Any) -> None:
     cursors or advisory locks), and asyncpg's default reset costs a round trip per query."""
 
 
-@contextmanager
-def _transient() -> Iterator[None]:
+@asynccontextmanager
+async def _transient(pool: Any) -> AsyncIterator[None]:
+    """Driver errors of an unreachable, restarting or failed-over server become ``TransientStoreError``."""
     try:
         yield
     except TRANSIENT_ERRORS as exc:
+        if pool is not None and isinstance(exc, asyncpg.InternalClientError):
+            await pool.expire_connections()  # none of them is trusted any more
         raise TransientStoreError(f"postgres: {exc!r}") from exc
 
 
@@ -131,16 +146,15 @@ class PostgresEventStore(EventStore):
     ) -> PostgresEventStore:
         """Opens a pool (tables in ``schema`` if given, which must exist) and applies the migrations."""
         settings = {} if schema is None else {"search_path": '"' + schema.replace('"', '""') + '"'}
-        with _transient():
+        async with _transient(None):
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, server_settings=settings, reset=_keep_session
             )
         store = cls(pool, keep_snapshots)
         if migrate:
             try:
-                with _transient():
-                    async with pool.acquire() as conn:
-                        await apply_migrations(conn)
+                async with _transient(pool), pool.acquire() as conn:
+                    await apply_migrations(conn)
             except BaseException:
                 await pool.close()
                 raise
@@ -163,7 +177,7 @@ class PostgresEventStore(EventStore):
         inputs = [encode_input(message) for message, _, _ in entries]
         events = [encode_events(decided) for _, decided, _ in entries]
         args = (pool, expected_seq, ids, topics, partitions, offsets, inputs, events)
-        with _transient():
+        async with _transient(self._pool):
             try:
                 count = await self._pool.fetchval(_APPEND_MANY, *args)
             except asyncpg.UniqueViolationError as exc:
@@ -174,7 +188,7 @@ class PostgresEventStore(EventStore):
 
     async def recorded_inputs(self, input_ids: Sequence[str]) -> set[str]:
         sql = "SELECT input_id FROM inputs WHERE input_id = ANY($1::text[])"
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(sql, list(input_ids))
         return {row[0] for row in rows}
 
@@ -192,47 +206,46 @@ class PostgresEventStore(EventStore):
 
     async def last_seq(self, pool: str) -> int:
         sql = "SELECT COALESCE(MAX(input_seq), 0) FROM inputs WHERE pool = $1"
-        with _transient():
+        async with _transient(self._pool):
             return int(await self._pool.fetchval(sql, pool))
 
     async def read(self, pool: str, after_seq: int = 0, limit: int = 10_000) -> list[Record]:
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(_READ, pool, after_seq, limit)
         return [decode_record(row[0], row[1], row[2]) for row in rows]
 
     async def positions(self, pool: str) -> dict[tuple[str, int], int]:
         sql = "SELECT topic, partition, next_offset FROM consumer_positions WHERE pool = $1"
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(sql, pool)
         return {(row[0], row[1]): row[2] for row in rows}
 
     async def pools_at(self, topic: str, partition: int) -> list[str]:
         """The pools with a recorded consumer position on ``(topic, partition)`` (scheduler recovery)."""
         sql = "SELECT pool FROM consumer_positions WHERE topic = $1 AND partition = $2 ORDER BY pool"
-        with _transient():
+        async with _transient(self._pool):
             rows = await self._pool.fetch(sql, topic, partition)
         return [row[0] for row in rows]
 
     async def save_snapshot(self, pool: str, snapshot: Snapshot) -> None:
-        with _transient():
-            async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute(
-                    """INSERT INTO snapshots (pool, seq, schema_version, state) VALUES ($1, $2, $3, $4)
-                       ON CONFLICT (pool, seq) DO UPDATE
-                       SET schema_version = EXCLUDED.schema_version, state = EXCLUDED.state,
-                           created_at = now()""",
-                    pool, snapshot.seq, snapshot.schema_version, snapshot.state,
-                )  # fmt: skip
-                # keep the newest few: an older one is only useful if the newest cannot be loaded
-                await conn.execute(
-                    """DELETE FROM snapshots WHERE pool = $1 AND seq NOT IN
-                       (SELECT seq FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT $2)""",
-                    pool, self._keep_snapshots,
-                )  # fmt: skip
+        async with _transient(self._pool), self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """INSERT INTO snapshots (pool, seq, schema_version, state) VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (pool, seq) DO UPDATE
+                   SET schema_version = EXCLUDED.schema_version, state = EXCLUDED.state,
+                       created_at = now()""",
+                pool, snapshot.seq, snapshot.schema_version, snapshot.state,
+            )  # fmt: skip
+            # keep the newest few: an older one is only useful if the newest cannot be loaded
+            await conn.execute(
+                """DELETE FROM snapshots WHERE pool = $1 AND seq NOT IN
+                   (SELECT seq FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT $2)""",
+                pool, self._keep_snapshots,
+            )  # fmt: skip
 
     async def latest_snapshot(self, pool: str) -> Snapshot | None:
         sql = "SELECT seq, schema_version, state FROM snapshots WHERE pool = $1 ORDER BY seq DESC LIMIT 1"
-        with _transient():
+        async with _transient(self._pool):
             row = await self._pool.fetchrow(sql, pool)
         return None if row is None else Snapshot(seq=row[0], schema_version=row[1], state=bytes(row[2]))
 

@@ -76,7 +76,8 @@ JOB_TRANSITIONS: dict[type[ev.SchedulerEvent], tuple[frozenset[JobStatus | None]
     ev.JobDispatched: (_QUEUED, JobStatus.SCHEDULED),
     ev.JobStarting: (frozenset({JobStatus.SCHEDULED}), JobStatus.STARTING),
     ev.JobRunning: (frozenset({JobStatus.SCHEDULED, JobStatus.STARTING}), JobStatus.RUNNING),
-    ev.JobSucceeded: (_DISPATCHED, JobStatus.SUCCEEDED),
+    # from RUNNABLE too: a success the log lost, adopted from the node's report (core.lost_tail)
+    ev.JobSucceeded: (_LIVE, JobStatus.SUCCEEDED),
     ev.JobFailed: (_LIVE, JobStatus.FAILED),
     ev.JobRequeued: (_DISPATCHED, JobStatus.RUNNABLE),
     ev.JobPreempted: (_DISPATCHED, SAME),

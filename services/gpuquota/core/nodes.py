@@ -21,6 +21,10 @@ about what *runs*. The core reconciles the two:
 
 Inputs without ``attempts`` (older agents and logs) skip steps 1 to 3.
 
+A log that lost its end (``core.lost_tail``): an attempt a node lists as SUCCEEDED which the log
+never dispatched, or dispatched again to other nodes, is adopted (the job SUCCEEDED), in steps 1 and 2
+and for an ``AttemptReport`` alike: a job that finished is not run again.
+
 Incarnations: each ``RegisterNode`` carries a fresh random ``incarnation``, recorded on the node, and
 every ``RunAttempt`` carries the incarnation of the registration it was dispatched to. The agent
 drops a ``RunAttempt`` addressed to an earlier registration than its own: step 3 of that newer
@@ -43,7 +47,9 @@ made before the suspension proves nothing about the link now.
 from __future__ import annotations
 
 from gpuquota.core.context import Context
+from gpuquota.core.lost_tail import finished_elsewhere
 from gpuquota.core.outcomes import (
+    adopt_success,
     apply_report,
     finish_share_deletion,
     jobs_on_node,
@@ -121,6 +127,9 @@ def _reconcile(
         if assigned:
             if registration:
                 changed |= apply_report(ctx, _as_report(m, attempt)) and attempt.status in _OVER
+        elif finished_elsewhere(job, node_id, attempt.attempt_id, attempt.status):
+            assert job is not None
+            changed |= adopt_success(ctx, job, attempt.attempt_id)  # the log lost it: core.lost_tail
         elif attempt.status not in _OVER:
             ctx.emit(
                 ev.AttemptFenced,

@@ -7,6 +7,7 @@ from typing import Literal, cast
 
 from gpuquota.core.context import Context
 from gpuquota.core.lifecycle import REPORT_TRANSITIONS, algorithm_error, retry_allowed
+from gpuquota.core.lost_tail import finished_elsewhere
 from gpuquota.core.state import ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
@@ -141,9 +142,29 @@ def part_ended_early(ctx: Context, job: JobRecord, m: inp.AttemptReport) -> bool
     return True
 
 
+def adopt_success(ctx: Context, job: JobRecord, attempt_id: str) -> bool:
+    """A node ran ``attempt_id`` to success, which the log lost (``core.lost_tail``): adopt it, so
+    the job does not run again. Its current attempt, if the shorter log dispatched it again, is
+    fenced on every node it was placed on (a ``StopAttempt`` now, not at that node's next heartbeat)
+    and released with the job. True: capacity may have been freed."""
+    share = ctx.state.shares[job.share]
+    if job.attempt_id is not None:
+        reason = f"Attempt {attempt_id} of the job already succeeded (a log that lost its end)"
+        for node_id in sorted({p.node_id for p in job.placements}):
+            ctx.emit(
+                ev.AttemptFenced, node_id=node_id, job_id=job.job_id, attempt_id=job.attempt_id, reason=reason
+            )
+    ctx.emit(ev.JobSucceeded, job_id=job.job_id, attempt_id=attempt_id)
+    finish_share_deletion(ctx, share)
+    return True
+
+
 def apply_report(ctx: Context, m: inp.AttemptReport) -> bool:
     state = ctx.state
     job = state.jobs.get(m.job_id)
+    if finished_elsewhere(job, m.node_id, m.attempt_id, m.status):
+        assert job is not None
+        return adopt_success(ctx, job, m.attempt_id)
     if job is None or job.attempt_id != m.attempt_id:
         if m.status in ("SUCCEEDED", "FAILED", "STOPPED"):
             return False  # a late report of an attempt that is already over: nothing to do

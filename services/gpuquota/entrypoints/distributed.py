@@ -34,7 +34,8 @@ from gpuquota.gateway import Gateway
 from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.browser_guard import BrowserPolicy
-from gpuquota.gateway.kafka_port import KafkaCommandPort, LogProjector, cancel
+from gpuquota.gateway.kafka_port import KafkaCommandPort, cancel
+from gpuquota.gateway.log_tail import LogProjector
 from gpuquota.gateway.node_routes import HttpLogs, LocalLogs, LogReader, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, Runtime
@@ -137,9 +138,16 @@ class GatewayService:
             guard=front.guard,
         )
         self.registry = gateway_registry(gateway, lambda: projector.state)
-        install(gateway, self.registry, self.probes(), lambda: projector.state)
+        install(gateway, self.registry, self.probes(), lambda: projector.state, self.broken)
         NodeRoutes(gateway, self.node_logs).install()
         self.port = await front.serve(gateway)
+
+    def broken(self) -> str | None:
+        """The liveness check: the log tail runs and its read model could be rebuilt (``LogProjector``)."""
+        tail = self._tail
+        if tail is not None and tail.done() and not tail.cancelled():
+            return f"the read model's log tail stopped: {tail.exception()!r}"
+        return None if self.projector is None else self.projector.failure
 
     def probes(self) -> dict[str, Probe]:
         """``/health/ready``: the event log and the broker answer (and the broker acknowledges the

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from gpuquota.gateway.console import Console
-from gpuquota.observe.health import Probe, add_routes
+from gpuquota.observe.health import Liveness, Probe, add_routes
 from gpuquota.observe.metrics import ShareCollector, new_registry
 
 if TYPE_CHECKING:
@@ -40,12 +40,13 @@ def install(
     registry: CollectorRegistry,
     probes: Mapping[str, Probe],
     state: Callable[[], ClusterState | None],
+    broken: Liveness | None = None,
 ) -> None:
-    """Serve the operator routes on the gateway's port."""
+    """Serve the operator routes on the gateway's port (``broken``: its liveness check)."""
     console = Console(gateway, state)
 
     def hook(app: web.Application) -> None:
-        add_routes(app.router, registry, probes)
+        add_routes(app.router, registry, probes, broken)
         console.add_routes(app.router)
 
     gateway.route_hooks.append(hook)

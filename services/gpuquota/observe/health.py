@@ -1,10 +1,12 @@
 """``/health/live``, ``/health/ready`` and ``/metrics`` (I7), and the small HTTP server that serves them for
 the scheduler and the node agents (``--metrics-port``; the gateway serves them on its own port).
 
-Live means the process answers. Ready means it can do its job: each probe (event log, broker, read
-model, ...) answers within ``PROBE_TIMEOUT`` seconds with ``None`` (fine) or a sentence saying what is
-wrong. The body lists every probe, so ``curl /health/ready`` says what is not ready; the status is 200
-when all are fine, 503 otherwise (what Kubernetes' readiness probe reads).
+Live means the process answers and nothing in it broke for good (a ``Liveness`` check, e.g. the
+gateway's read model that cannot be rebuilt from the log: 503 with the reason). Ready means it can do
+its job: each probe (event log, broker, read model, ...) answers within ``PROBE_TIMEOUT`` seconds with
+``None`` (fine) or a sentence saying what is wrong. The body lists every probe, so ``curl
+/health/ready`` says what is not ready; the status is 200 when all are fine, 503 otherwise (what
+Kubernetes' readiness probe reads).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gpuquota.adapters.event_store import TransientStoreError
 from gpuquota.httpserver import HttpServer
 from gpuquota.observe.metrics import CONTENT_TYPE, exposition
 
@@ -60,7 +63,10 @@ def store_probe(
         current = store()
         if current is None:
             return "not connected"
-        await current.last_seq(pool)
+        try:
+            await current.last_seq(pool)
+        except TransientStoreError as exc:  # the readiness says which dependency is missing
+            return f"the database (event log) is unreachable: {exc}"
         failure = refused() if refused is not None else None
         if failure is not None:
             return f"the event log cannot be written: {failure}; writes are refused until one succeeds"
@@ -112,13 +118,25 @@ def flag_probe(check: Callable[[], str | None]) -> Probe:
     return probe
 
 
-def add_routes(router: web.UrlDispatcher, registry: CollectorRegistry, probes: Mapping[str, Probe]) -> None:
+Liveness = Callable[[], str | None]
+"""``None`` while the process does its work, else a sentence saying what broke for good (``/health/live``
+answers 503: only a restart helps, e.g. a read model that cannot be rebuilt from the log)."""
+
+
+def add_routes(
+    router: web.UrlDispatcher,
+    registry: CollectorRegistry,
+    probes: Mapping[str, Probe],
+    broken: Liveness | None = None,
+) -> None:
     """``GET /metrics``, ``/health/live`` and ``/health/ready`` on ``router``."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=exposition(registry), headers={"Content-Type": CONTENT_TYPE})
 
     async def live(_: web.Request) -> web.Response:
+        if broken is not None and (why := broken()) is not None:
+            return _json({"status": "not live", "reason": why}, 503)
         return _json({"status": "live"})
 
     async def ready(_: web.Request) -> web.Response:

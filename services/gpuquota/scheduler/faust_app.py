@@ -13,8 +13,9 @@ handled strictly in order. Two batches are in flight at most (``_BATCHES_IN_FLIG
 is decided while the one before is being appended (``scheduler.flight``). The agent acks a batch's
 records once that batch is recorded and published (``Inbox.ack``, from the batch's future), and
 faust commits acked offsets every ``commit_interval``; those committed offsets are only advisory: the
-store's recorded positions decide what was already applied (see ``pipeline``). A batch that fails
-fails the service.
+store's recorded positions decide what was already applied (see ``pipeline``), and where the log is
+behind them (it lost its end) the assignment commits them back to the log's positions first
+(``scheduler.rewind``), so the inputs it lost are read again. A batch that fails fails the service.
 
 A faust timer runs ``Pipeline.tick()`` every ``tick_seconds`` (ticks are decided directly, not sent
 through the topic). On partition assignment (faust passes the whole new assignment) the pools of the
@@ -22,9 +23,11 @@ newly held partitions are loaded in the background (snapshot + log tail, republi
 pools of partitions no longer held are dropped; revocation alone changes nothing, since an eager
 rebalance revokes everything before assigning most of it back.
 
-Publications go through the app's producer (``acks=all``); a delivery that fails, an unreachable
-store that outlasts ``store_retry_seconds``, or a bug fails the service: ``wait()`` returns the error
-and ``gpuquota scheduler`` exits 1, to be restarted by its supervisor (recovery is the normal start).
+Publications go through the app's producer (``acks=all``); a delivery that fails, a log found shorter
+than what this process decided (``LogTruncated``), or a bug fails the service: ``wait()`` returns the
+error and ``gpuquota scheduler`` exits 1, to be restarted by its supervisor (recovery is the normal
+start). An unreachable store is retried with back-off, deciding nothing meanwhile; past
+``store_retry_seconds`` the service is unready and retries on (``RetryPolicy.give_up``).
 
 faust runs inside the caller's event loop (``await app.start()``), so ``gpuquota up`` can hold the
 scheduler, the gateway and node agents in one process.
@@ -59,9 +62,10 @@ from gpuquota.adapters.kafka import (
 from gpuquota.adapters.partitioner import default_partition
 from gpuquota.observe.metrics import Timings
 from gpuquota.scheduler.faust_transport import Inbox, RawSchema, SchedulerApp
-from gpuquota.scheduler.loop import JobStateRecord
+from gpuquota.scheduler.loop import JobStateRecord, LoopFailed, RetryPolicy
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, PipelineSettings
 from gpuquota.scheduler.records import SourceRecord
+from gpuquota.scheduler.rewind import rewind_assigned
 from gpuquota.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
@@ -200,20 +204,17 @@ def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
 
 
 async def connect_store(url: str, retry_seconds: float) -> EventStore:
-    """A ``PostgresEventStore``, retrying while the database is unreachable (bounded)."""
+    """A ``PostgresEventStore``, retrying while the database is unreachable (the loop's
+    ``RetryPolicy``, bounded: at start-up a database that never answers is a configuration error)."""
     from gpuquota.adapters.postgres_store import PostgresEventStore
 
-    deadline = time.monotonic() + retry_seconds
-    delay = 0.1
-    while True:
-        try:
-            return await PostgresEventStore.connect(url)
-        except TransientStoreError as exc:
-            if time.monotonic() > deadline:
-                raise
-            log.warning("database unreachable (%s); retrying", exc)
-            await asyncio.sleep(delay)  # back-off before reconnecting
-            delay = min(delay * 2, 2.0)
+    policy = RetryPolicy(retry_seconds, initial=0.1, warn=log.warning)
+    try:
+        return await policy.call(lambda: PostgresEventStore.connect(url), "database")
+    except LoopFailed as exc:
+        if isinstance(exc.__cause__, TransientStoreError):
+            raise exc.__cause__ from None
+        raise
 
 
 class SchedulerService:
@@ -231,6 +232,8 @@ class SchedulerService:
         self._tasks: set[asyncio.Task[bool]] = set()
         self.timings = Timings()
         """Step and append histograms (``gpuquota.observe``; per batch, never per input)."""
+        self.rewound = 0
+        """Inputs read again because Kafka's committed offsets were past the log's (``scheduler.rewind``)."""
 
     async def start(self) -> None:
         cfg = self.config
@@ -291,6 +294,10 @@ class SchedulerService:
             assigned: set[TP] = args[0] if args else kwargs["assigned"]
             held = {(tp.topic, tp.partition) for tp in assigned if tp.topic == self.topics.inputs}
             self._pipeline().retain(held)
+            assert self.store is not None and self.app is not None
+            self.rewound += await rewind_assigned(
+                self.app.consumer, self.store, sorted(held), cfg.session_timeout / 2
+            )
             self._spawn(self._pipeline().assigned(sorted(held)))
 
         app.on_partitions_assigned.connect(cast(Any, on_assigned))

@@ -130,6 +130,7 @@ class BatchFlight(SnapshotPacing):
     _tails: dict[str, Tail]
     runtime: Callable[[str], Awaitable[PoolRuntime]]
     drop: Callable[[str], None]
+    _recorded_to: Callable[[str, int], None]
     _decide: Callable[[PoolRuntime, SchedulerInput, Position | None], Awaitable[Outcome]]
     _watch: Callable[[list[Awaitable[object]]], list[Awaitable[object]]]
 
@@ -283,7 +284,7 @@ class BatchFlight(SnapshotPacing):
         if not entries:
             return
         try:
-            await self.appender.append_many(pool, stepped.seq, entries)
+            self._recorded_to(pool, await self.appender.append_many(pool, stepped.seq, entries))
         except DuplicateInput as exc:
             self.drop(pool)
             await self._mark_recorded(pool, stepped.batch.recorded, done, exc)

@@ -21,9 +21,11 @@ records per pool with their positions, dead letters and snapshots). The pieces, 
    inputs (a tick or heartbeat that decided nothing) are not recorded (``recordable``).
 3. **append** through the ``EventStore`` port by the ``Appender``: the loop's one append path. It
    retries a ``TransientStoreError`` with back-off for at most ``RetryPolicy.seconds`` and then fails
-   the loop (``LoopFailed``: fail fast, the supervisor restarts the service and recovery is its normal
-   start), recognises a retried append that had committed in transit, and times every append
-   (``on_append``: the metrics).
+   the loop (``LoopFailed``: the embedded shell, whose callers wait; its supervisor restarts it and
+   recovery is its normal start) or, in the distributed scheduler, stays unready and retries on
+   (``give_up``: its inputs wait on Kafka, unacknowledged, until their append commits), recognises
+   a retried append that had committed in transit, and times every append (``on_append``: the
+   metrics).
 4. **rebuild on failure**: if a batch's append fails the driver folds the log again
    (``adapters.log_fold.fold_log``, the one fold: from the start in the embedded mode, from the latest
    snapshot in the distributed one) and decides the inputs that were not recorded again.
@@ -280,13 +282,16 @@ class StepBatch(Generic[_I]):
 
 @dataclass
 class RetryPolicy:
-    """How the loop waits for an unreachable store: back-off, bounded by ``seconds``, then fail."""
+    """How the loop waits for an unreachable store: back-off, bounded by ``seconds``; then fail, or,
+    with ``give_up`` False (the distributed scheduler: its inputs wait on Kafka, unacknowledged), say
+    so and go on retrying at the longest back-off: the service stays unready, its process alive."""
 
     seconds: float = 300.0
     initial: float = 0.05
     longest: float = 2.0
+    give_up: bool = True
     available: bool = True
-    """False while a call is retrying a ``TransientStoreError``."""
+    """False while a call is retrying a ``TransientStoreError`` (the service's readiness)."""
     errors: int = 0
     warn: Callable[[str], None] | None = None
     """Called once when the store becomes unavailable (logging)."""
@@ -297,26 +302,36 @@ class RetryPolicy:
         """``call()``, retried with back-off while the store is unreachable (``TransientStoreError``),
         deciding nothing meanwhile, for at most ``seconds``; then ``LoopFailed``."""
         delay = self.initial
-        deadline = time.monotonic() + self.seconds
+        deadline: float | None = time.monotonic() + self.seconds
+        failed = 0
         while True:
             try:
                 result = await call()
+                if failed and not self.available and self.warn is not None:
+                    self.warn(f"{what}: store available again after {failed} failed tries")
                 self.available = True
                 return result
             except TransientStoreError as exc:
-                self._unavailable(exc, deadline, what)
+                failed += 1
+                deadline = self._unavailable(exc, deadline, what)
                 await asyncio.sleep(delay)  # back-off before retrying
                 delay = min(delay * 2, self.longest)
 
-    def _unavailable(self, exc: TransientStoreError, deadline: float, what: str) -> None:
+    def _unavailable(self, exc: TransientStoreError, deadline: float | None, what: str) -> float | None:
+        """Count and report the failed try; the deadline left (None: passed, retrying on)."""
         self.errors += 1
         if self.on_error is not None:
             self.on_error()
         if self.available and self.warn is not None:
             self.warn(f"{what}: store unavailable ({exc}); retrying, deciding nothing meanwhile")
         self.available = False
-        if time.monotonic() > deadline:
+        if deadline is None or time.monotonic() <= deadline:
+            return deadline
+        if self.give_up:
             raise LoopFailed(f"{what}: store unavailable for {self.seconds:g} s") from exc
+        if self.warn is not None:
+            self.warn(f"{what}: store unavailable for {self.seconds:g} s ({exc}); not ready, still retrying")
+        return None
 
 
 class Appender:

@@ -19,8 +19,9 @@ appended together (group commit, see "Batches"). ``handle(record)`` is a batch o
    another worker wrote the pool: drop the state; if the partition is still ours, rebuild it from the
    store and decide the record again, otherwise stop (the partition moved; it is rebuilt when it is
    assigned here again). ``TransientStoreError``: the store is unreachable: retry the same append with
-   back-off and decide nothing else meanwhile (the pool's lock is held), for at most
-   ``store_retry_seconds``, then fail.
+   back-off and decide nothing else meanwhile (the pool's lock is held); after
+   ``store_retry_seconds`` say so and retry on, unready (``store_give_up``: fail instead). The records
+   stay unacknowledged on Kafka until their append commits.
 4. ``evolve`` the state, deriving node commands from the state *before* each event.
 5. publish job events to ``gpuquota.job-state`` (key job id) and node commands to
    ``gpuquota.node-commands`` (key node id); each record carries its event id (``event_id``), and a
@@ -79,6 +80,7 @@ from gpuquota.scheduler.flight import BatchFlight, Item, Outcome, PipelineFailed
 from gpuquota.scheduler.loop import (
     Appender,
     JobStateRecord,
+    LoopFailed,
     OnAppend,
     RetryPolicy,
     answers,
@@ -98,6 +100,7 @@ TopicPartition = tuple[str, int]
 
 __all__ = [
     "JobStateRecord",
+    "LogTruncated",
     "Outcome",
     "Pipeline",
     "PipelineFailed",
@@ -108,6 +111,14 @@ __all__ = [
 
 
 _DEFAULTS = PipelineSettings()
+
+
+class LogTruncated(LoopFailed):
+    """A pool's log is shorter than this worker saw it committed: the database lost its end.
+
+    The state, the recorded positions and what was published all ran ahead of the log, so this process
+    cannot go on: it fails, and its restart recovers from the log that is left, reading the inputs the
+    log lost from Kafka again (``scheduler.rewind``)."""
 
 
 class Pipeline(BatchFlight):
@@ -135,6 +146,7 @@ class Pipeline(BatchFlight):
             settings.store_retry_seconds,
             settings.retry_initial_seconds,
             settings.retry_max_seconds,
+            give_up=settings.store_give_up,
             warn=log.warning,
             on_error=self._count_transient_error,
         )
@@ -148,6 +160,8 @@ class Pipeline(BatchFlight):
         self._background: set[asyncio.Task[None]] = set()
         self._tails: dict[str, Tail] = {}
         self._failure: BaseException | None = None
+        self._recorded: dict[str, int] = {}
+        """The last sequence of each pool this worker saw committed (a reload must not find less)."""
 
     # ----- the agent's loop body ---------------------------------------------------------------
 
@@ -242,6 +256,14 @@ class Pipeline(BatchFlight):
         runtime, deliveries, republished = await load_pool(
             self.store, self.publisher, pool, self.heartbeat_timeout_ms, self.clock
         )
+        recorded = self._recorded.get(pool, 0)
+        if runtime.seq < recorded:
+            raise LogTruncated(
+                f"pool {pool}: the event log ends at sequence {runtime.seq}, but this scheduler saw it"
+                f" committed up to {recorded}: the log lost its end (a database crash without durable"
+                " commits, a failover to an asynchronous replica, a restore); a restart reads the lost"
+                " inputs from Kafka again and reconciles with what the nodes report"
+            )
         runtime.inflight.extend(self._watch(deliveries))
         self.stats.republished += republished
         self.stats.loads += 1
@@ -264,6 +286,7 @@ class Pipeline(BatchFlight):
             self.stats.quiet += 1
             return Outcome.QUIET
         runtime.seq = one.seq
+        self._recorded_to(pool, one.seq)
         if position is not None:
             runtime.positions[(position.topic, position.partition)] = position.next_offset
         runtime.inflight.extend(self._watch(await one.effects.publish(self.publisher)))
@@ -272,6 +295,9 @@ class Pipeline(BatchFlight):
         if self._snapshot_due(runtime, runtime.since_snapshot):
             self._snapshot(runtime)
         return Outcome.DECIDED
+
+    def _recorded_to(self, pool: str, seq: int) -> None:
+        self._recorded[pool] = max(seq, self._recorded.get(pool, 0))
 
     @property
     def store_available(self) -> bool:

@@ -43,7 +43,11 @@ class PipelineSettings:
     tick_grace_seconds: float | None = None
     """Seconds after loading a pool before its first tick (default: the heartbeat timeout)."""
     store_retry_seconds: float = 300.0
-    """How long an unreachable store is retried before the pipeline fails (``RetryPolicy``)."""
+    """How long an unreachable store is retried before the pipeline says so and stays unready, still
+    retrying (or fails, with ``store_give_up``; ``RetryPolicy``)."""
+    store_give_up: bool = False
+    """Fail the pipeline once the store stayed unreachable ``store_retry_seconds`` (tests; the service
+    keeps its process alive, unready, and resumes by itself when the database returns)."""
     retry_initial_seconds: float = 0.05
     retry_max_seconds: float = 2.0
     """The back-off between two tries, from the first to the longest."""

@@ -244,7 +244,7 @@ async def test_store_unavailable_retries_the_same_append_and_decides_once() -> N
 
 async def test_store_unavailable_beyond_the_bound_fails_the_pipeline() -> None:
     store, publisher = FlakyStore(), FakePublisher()
-    p = pipeline(store, publisher, store_retry_seconds=0.01)
+    p = pipeline(store, publisher, store_retry_seconds=0.01, store_give_up=True)
     store.failures = 10_000
     with pytest.raises(PipelineFailed):
         await p.handle(records(worked_inputs()[:1])[0])

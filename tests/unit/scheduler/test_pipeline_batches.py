@@ -183,7 +183,7 @@ async def test_a_batch_that_committed_before_the_connection_dropped_is_not_redon
 async def test_nothing_is_published_for_a_batch_that_is_not_recorded() -> None:
     inputs = busy_inputs()
     store, publisher = CountingStore(), FakePublisher()
-    p = pipeline(store, publisher, store_retry_seconds=0.01)
+    p = pipeline(store, publisher, store_retry_seconds=0.01, store_give_up=True)
     items = records(inputs)
     await p.handle_batch(items[:6])
     published = len(publisher.records), len(publisher.commands)

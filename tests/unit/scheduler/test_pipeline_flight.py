@@ -118,7 +118,7 @@ async def test_one_input_waits_for_the_batch_in_flight() -> None:
 async def test_a_batch_that_fails_for_good_fails_the_batch_after_it() -> None:
     inputs = busy_inputs()
     store = GatedStore()
-    p = pipeline(store, FakePublisher(), store_retry_seconds=0.0)
+    p = pipeline(store, FakePublisher(), store_retry_seconds=0.0, store_give_up=True)
     items = records(inputs)
     store.hold()
     store.failures = 1_000
