@@ -107,6 +107,8 @@ from pydantic import (
     field_validator,
 )
 
+from gpuquota.image_map import ImageMap
+
 ENV_PREFIX = "GPUQUOTA_"
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
@@ -485,7 +487,7 @@ class NodeAgentSettings(_Settings, S3Settings):
     runtime: Literal["process", "simulated", "subprocess", "fake", "container"] = "subprocess"
     container_engine: Literal["podman", "docker"] | None = None
     image_map: str = ""
-    """``gpuquota.node_agent.images.ImageMap``'s text, checked at start-up."""
+    """:class:`~gpuquota.image_map.ImageMap`'s text, checked at start-up."""
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
@@ -503,8 +505,6 @@ class NodeAgentSettings(_Settings, S3Settings):
     @field_validator("image_map")
     @classmethod
     def _check_image_map(cls, value: str) -> str:
-        from gpuquota.node_agent.images import ImageMap  # here: node_agent imports these settings
-
         ImageMap.parse(value)  # ValueError: the message says what is wrong
         return value
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.image_map import ImageMap
 from gpuquota.node_agent.container import ContainerEngine
-from gpuquota.node_agent.images import ImageMap
 from tests.containers import build_trainer_image, find_engine, remove_job_containers
 from tests.gateway.conftest import StackThread, wait_for
 from tests.gateway.helpers import status, submit, worked_example

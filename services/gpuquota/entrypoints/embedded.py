@@ -40,9 +40,9 @@ from gpuquota.gateway.browser_guard import (
 )
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
+from gpuquota.image_map import IMAGE_MAP_ENV
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
 from gpuquota.node_agent.container import ENGINES
-from gpuquota.node_agent.images import IMAGE_MAP_ENV
 from gpuquota.node_agent.s3_stage import DataPlane, data_plane
 from gpuquota.node_agent.slots import node_slot_groups
 from gpuquota.observe.health import store_probe

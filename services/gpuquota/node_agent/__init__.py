@@ -48,8 +48,8 @@ def make_runtime(kind: str, container_engine: str | None = None, image_map: str 
     if kind in ("simulated", "fake"):
         return SimulatedRuntime()
     if kind == "container":
+        from gpuquota.image_map import ImageMap
         from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, EngineMissing
-        from gpuquota.node_agent.images import ImageMap
 
         try:
             return ContainerRuntime(ContainerEngine.find(container_engine), ImageMap.parse(image_map))
