@@ -58,17 +58,19 @@ def up(tmp_path: Path, image: str) -> Iterator[str]:
     env |= {"GPUQUOTA_PORT": "0", "GPUQUOTA_IMAGE_MAP": image_map(image)}
     argv = ["up", "--data-dir", str(tmp_path / "up"), "--runtime", "container", "--s3", "local"]
     argv += ["--nodes", "ml.g5.xlarge=3", "--preemption-grace", "3"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuquota", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
+    errors = tmp_path / "up.err"
+    with open(errors, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuquota", *argv],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        )
     assert proc.stdout is not None
     lines = [proc.stdout.readline().strip() for _ in range(2)]  # "s3 ready on ...", "gpuquota ready on ..."
     try:
-        assert lines[1].startswith("gpuquota ready on "), lines
+        assert lines[1].startswith("gpuquota ready on "), (lines, errors.read_text()[-3000:])
         yield lines[1].rsplit(" ", 1)[1]
     finally:
         proc.terminate()  # stops its containers and S3Proxy
