@@ -351,7 +351,7 @@ def _run_up(
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
-        return _run_distributed(args, kafka, database_url, port, auth, browser, security, data)
+        return _run_distributed(args, kafka, database_url, port, auth, browser, security, data, s3)
     stack = EmbeddedStack(
         args.data_dir,
         args.host,
@@ -385,6 +385,7 @@ def _run_distributed(
     browser: BrowserPolicy,
     security: KafkaSecurity,
     data: DataPlane | None = None,
+    s3: S3Client | None = None,
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import DistributedStack, serve
@@ -408,6 +409,7 @@ def _run_distributed(
             kafka_security=security,
             leave_running=args.leave_running,
             data=data,
+            s3_client=s3,
             preemption_grace=args.preemption_grace,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
