@@ -3,7 +3,7 @@
 #
 #   deploy/local/images.sh [all]     base, gpuquota:dev, the Kafka and the PostgreSQL image (cached)
 #   deploy/local/images.sh base      only the base; prints its name (for images built on it)
-#   deploy/local/images.sh gpuquota|kafka|postgres   that image (and the base when needed)
+#   deploy/local/images.sh gpuquota|kafka|postgres|python   that image (and the base when needed)
 #   deploy/local/images.sh extra NAME CONTEXT [CONTAINERFILE]
 #                                    any other image on the base: builds CONTAINERFILE (default
 #                                    CONTEXT/Containerfile) with --build-arg BASE=<the base>, tags NAME;
@@ -18,6 +18,8 @@
 #   localhost/gpuquota-kafka:dev       Kafka 4.1.2 in KRaft mode: the Maven jars of deploy/local/kafka.sh
 #                                      on Debian's openjdk-17-jre-headless (deploy/local/images/kafka)
 #   localhost/gpuquota-postgres:dev    Debian's postgresql-15 (deploy/local/images/postgres)
+#   localhost/gpuquota-python:dev      python3 and pip: the SageMaker SDK's jobs' local training image
+#                                      (deploy/local/images/python; not in `all`: tests build it)
 #
 # Caching: each image carries the label gpuquota.inputs, a hash of what it is built from (for the base:
 # its package list and this script's recipe; for the others: their files and the base's image id). An
@@ -163,6 +165,13 @@ build_postgres() {
   build localhost/gpuquota-postgres:dev "$hash" "$HERE/postgres/Containerfile" "$HERE/postgres"
 }
 
+build_python() {
+  build_base
+  local hash
+  hash="$(EXTRA="$(image_id "$BASE")" hash_files "$HERE"/python/*)"
+  build localhost/gpuquota-python:dev "$hash" "$HERE/python/Containerfile" "$HERE/python"
+}
+
 build_extra() { # NAME CONTEXT [CONTAINERFILE]
   local name="${1:?usage: images.sh extra NAME CONTEXT [CONTAINERFILE]}" context="${2:?context}"
   local file="${3:-$2/Containerfile}" files hash
@@ -173,7 +182,7 @@ build_extra() { # NAME CONTEXT [CONTAINERFILE]
 }
 
 list() {
-  "$ENGINE" images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^localhost/gpuquota(-base|-kafka|-postgres)?:' || true
+  "$ENGINE" images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^localhost/gpuquota(-base|-kafka|-postgres|-python)?:' || true
 }
 
 case "${1:-all}" in
@@ -197,8 +206,9 @@ case "${1:-all}" in
   gpuquota) build_gpuquota ;;
   kafka) build_kafka ;;
   postgres) build_postgres ;;
+  python) build_python ;;
   extra) shift; build_extra "$@" ;;
   list) list ;;
   engine) echo "$ENGINE" ;;
-  *) echo "usage: $0 [all|base|gpuquota|kafka|postgres|extra NAME CONTEXT [FILE]|list|engine]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|base|gpuquota|kafka|postgres|python|extra NAME CONTEXT [FILE]|list|engine]" >&2; exit 2 ;;
 esac

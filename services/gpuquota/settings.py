@@ -70,6 +70,9 @@ GPUQUOTA_RUNTIME               how jobs run: ``process``, ``simulated`` or ``con
                                (aliases ``subprocess``, ``fake``; default ``subprocess``)
 GPUQUOTA_CONTAINER_ENGINE      ``podman`` or ``docker`` for the ``container`` runtime     node-agent
                                (default: the first found)
+GPUQUOTA_IMAGE_MAP             the ``container`` runtime's image rewrites, ``from=to``   node-agent
+                               pairs (commas) or a JSON object; ``from`` without a tag
+                               maps every tag (docs/runtimes.md)
 GPUQUOTA_ADVERTISE_ADDRESS     how other nodes reach this one (attempts spread over     node-agent
                                nodes; default: the host name)
 GPUQUOTA_S3_ENDPOINT_URL       S3-compatible endpoint of the jobs' data (channels,      node-agent
@@ -103,6 +106,8 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+
+from gpuquota.image_map import ImageMap
 
 ENV_PREFIX = "GPUQUOTA_"
 
@@ -466,7 +471,8 @@ class NodeAgentSettings(_Settings, S3Settings):
     """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
-    GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_PREEMPTION_GRACE, GPUQUOTA_HEARTBEAT_SECONDS,
+    GPUQUOTA_RUNTIME, GPUQUOTA_CONTAINER_ENGINE, GPUQUOTA_IMAGE_MAP, GPUQUOTA_PREEMPTION_GRACE,
+    GPUQUOTA_HEARTBEAT_SECONDS,
     GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_LOGS_HOST, GPUQUOTA_NODE_TOKEN_FILE, GPUQUOTA_NODE_TOKEN,
     GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL,
     GPUQUOTA_ADVERTISE_ADDRESS and GPUQUOTA_S3_* (:class:`S3Settings`). ``runtime`` ``subprocess`` means
@@ -480,6 +486,8 @@ class NodeAgentSettings(_Settings, S3Settings):
     slots: str = ""
     runtime: Literal["process", "simulated", "subprocess", "fake", "container"] = "subprocess"
     container_engine: Literal["podman", "docker"] | None = None
+    image_map: str = ""
+    """:class:`~gpuquota.image_map.ImageMap`'s text, checked at start-up."""
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     data_dir: Path = Path(".gpuquota")
@@ -493,6 +501,12 @@ class NodeAgentSettings(_Settings, S3Settings):
     """Serve the log server off loopback without a node token (refused otherwise)."""
     advertise_address: Annotated[str, Field(max_length=256)] = ""
     """How the other nodes reach this one (attempts spread over nodes); empty: the host name."""
+
+    @field_validator("image_map")
+    @classmethod
+    def _check_image_map(cls, value: str) -> str:
+        ImageMap.parse(value)  # ValueError: the message says what is wrong
+        return value
 
     @property
     def runtime_kind(self) -> Literal["process", "simulated", "container"]:

@@ -84,3 +84,23 @@ def test_env_with_authentication_keeps_the_users_key(tmp_path: Path) -> None:
         assert ran.stdout.splitlines()[0] == "arn:aws:sts::000000000000:assumed-role/gpuquota/TEAM1"
     finally:
         stack.close()
+
+
+def test_env_gives_the_key_of_the_stacks_own_s3_server_only_without_authentication(
+    stack: StackThread, tmp_path: Path
+) -> None:
+    stack.gateway.s3_client_key = ("gpuquota-local", "s3proxy-secret")  # gpuquota up --s3 local
+    printed = shell(f"gpuquota env --endpoint {stack.url}", base_env(tmp_path))
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    assert "export AWS_ACCESS_KEY_ID=gpuquota-local" in lines
+    assert "export AWS_SECRET_ACCESS_KEY=s3proxy-secret" in lines
+    guarded = StackThread(auth=Keyring.from_data(KEYS))
+    try:
+        guarded.gateway.s3_client_key = ("gpuquota-local", "s3proxy-secret")
+        env = base_env(tmp_path) | {"AWS_ACCESS_KEY_ID": "TEAM1", "AWS_SECRET_ACCESS_KEY": "team1-secret"}
+        printed = shell(f"gpuquota env --endpoint {guarded.url}", env)
+        assert printed.returncode == 0, printed.stderr
+        assert "s3proxy-secret" not in printed.stdout  # a signed-in user's key is their own
+    finally:
+        guarded.close()

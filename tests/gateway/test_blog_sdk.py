@@ -4,10 +4,9 @@ against an embedded stack (simulated runtime) and the project's real S3 server (
 its ``sm_drivers`` channel is uploaded to the default bucket, and the four jobs reach the blog's states
 in the blog's order (issue #31).
 
-Not yet here: the jobs running the SDK's drivers in a container and their ``model.tar.gz`` in S3 (the
-container runtime's image and the node agents' S3 half), and a key that ``gpuquota env`` gives for both
-the gateway and S3Proxy: the test exports S3Proxy's key by hand (a stack without authentication takes
-any key).
+The gateway is told S3Proxy's endpoint and key pair as ``gpuquota up --s3 local`` tells it, so
+``gpuquota env`` alone sets up both. The same script with the jobs running the SDK's drivers in
+containers, and their ``model.tar.gz`` in S3: ``tests/gateway/test_blog_sdk_container.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from tests.gateway.conftest import StackThread
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "sagemaker-us-east-1-000000000000"
-S3_KEYS = "^export AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)="
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
@@ -49,13 +47,13 @@ def test_the_blogs_sdk_code(s3: dict[str, str], tmp_path: Path, monkeypatch: pyt
     stack = StackThread(nodes="ml.g5.xlarge=3", runtime="simulated", tick_seconds=1)
     try:
         stack.gateway.s3_endpoint = endpoint
+        secret = (Path(s3["S3_RUN_DIR"]) / "secret").read_text().strip()
+        stack.gateway.s3_client_key = ("gpuquota-local", secret)  # s3.sh's default access key id
         env = {k: v for k, v in s3.items() if not k.startswith(("AWS_", "SAGEMAKER_"))}
         env |= {"XDG_CONFIG_HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"}
         script = (
             f"gpuquota apply --endpoint {stack.url} -f deploy/examples/worked-example.yaml >/dev/null && "
-            f'eval "$(gpuquota env --endpoint {stack.url})" && '
-            f"eval \"$(bash deploy/local/s3.sh env | grep -E '{S3_KEYS}')\" && "
-            "python tests/data/blog_sdk.py"
+            f'eval "$(gpuquota env --endpoint {stack.url})" && python tests/data/blog_sdk.py'
         )
         ran = subprocess.run(
             ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300

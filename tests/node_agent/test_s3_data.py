@@ -9,6 +9,7 @@ import json
 import tarfile
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import boto3
@@ -16,6 +17,7 @@ import pytest
 
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, parse_slots
 from gpuquota.node_agent.s3_stage import data_plane
+from gpuquota.observe.services import agent_families
 from gpuquota.settings import S3Settings
 from tests.node_agent.conftest import Scheduler, python_payload, run_cmd, stop_cmd, wait_final, wait_until
 
@@ -126,6 +128,15 @@ async def test_an_s3_channel_is_read_and_the_model_lands_where_sagemaker_puts_it
         "resumed_from": 0,
     }
     assert members(client, bucket, "out/s3-job/output/output.tar.gz") == {"metrics.txt": b"loss=0.1"}
+    metrics = {  # the agent's /metrics families: bytes and seconds of its transfers, per direction
+        (family.name, sample.labels["direction"]): sample.value
+        for family in agent_families(SimpleNamespace(agent=node))  # type: ignore[arg-type]
+        if family.name.startswith("gpuquota_agent_transfer")
+        for sample in family.samples
+    }
+    assert metrics[("gpuquota_agent_transfer_bytes", "download")] == len(b"alpha beta")
+    assert metrics[("gpuquota_agent_transfer_bytes", "upload")] > 0
+    assert metrics[("gpuquota_agent_transfer_seconds", "upload")] > 0
 
 
 async def test_a_manifest_channel_in_fastfile_mode_is_served_as_file(

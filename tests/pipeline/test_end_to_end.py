@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest_asyncio
 
 from gpuquota.adapters.kafka import KafkaTopics
 from gpuquota.entrypoints.distributed import DistributedStack
+from gpuquota.entrypoints.local_s3 import S3Client
 from gpuquota.events import EventsClient, Transition
 from gpuquota.node_agent import SimulatedRuntime
 from gpuquota.wire import events as ev
@@ -43,6 +45,7 @@ async def stack(
         topics=topics,
         pool=pool,
         heartbeat_seconds=1.0,
+        s3_client=S3Client("http://127.0.0.1:9000", ("local-key", "local-secret")),  # as up --s3 local
     )
     await made.start()
     try:
@@ -125,3 +128,13 @@ async def test_events_client_submits_reprioritises_and_follows(
         return bool(described["schedulingPriority"] == 7)
 
     await wait_until(reprioritised, 10, "the new priority in the read model")
+
+
+async def test_the_env_endpoint_names_the_agents_s3_and_its_key(stack: DistributedStack) -> None:
+    def get() -> Any:  # in a thread: the stack serves on this test's loop
+        with urllib.request.urlopen(stack.url + "/gpuquota/v1/env", timeout=10) as answer:
+            return json.loads(answer.read())
+
+    env = await asyncio.to_thread(get)
+    assert env["endpoints"] == {"s3": "http://127.0.0.1:9000"}
+    assert env["s3Key"] == {"accessKeyId": "local-key", "secretAccessKey": "local-secret"}

@@ -326,9 +326,19 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
         help="embedded stack only: jobs as real local processes (default), containers or simulated",
     )
     add("--step-timeout", type=float, default=30.0, help="seconds each step may take (default 30)")
+    add(
+        "--sdk",
+        action="store_true",
+        help="the seed blog's steps with the SageMaker SDK itself (SourceCode, S3, containers; the sdk "
+        "extra, podman or docker, a gpuquota checkout): gpuquota up --runtime container --s3 local",
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if args.sdk:
+        from gpuquota.ctl.demo_sdk import run_sdk_demo
+
+        return run_sdk_demo(args)
     style = Style.for_stream(sys.stdout)
     out_dir = Path(args.output_dir)
     stack: BackgroundStack | None = None

@@ -13,9 +13,11 @@ and whether requests must be signed, and prints, for a POSIX shell:
   explicit ``endpoint_url``;
 - **region**: ``AWS_DEFAULT_REGION`` and ``AWS_REGION`` (botocore reads the first, other SDKs the
   second), the region of the stack's ARNs;
-- **keys** (the *key rule*): with authentication off, the dummy key ``gpuquota``/``gpuquota``
-  (any key is accepted). With it on, the keys are the user's and are never printed: the command
-  keeps what the environment has (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or a profile),
+- **keys** (the *key rule*): with authentication off, any key is accepted, so the key printed is
+  the one S3 needs: the key pair of the S3 server the stack runs itself (``gpuquota up --s3 local``,
+  which the gateway reports then only), else the dummy key ``gpuquota``/``gpuquota``. With it on,
+  the keys are the user's and are never printed (an S3 server must then take the same key): the
+  command keeps what the environment has (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or a profile),
   checks it with STS and says in a comment whom it signs as, or tells on stderr which variables to
   set;
 - **the SageMaker SDK's defaults**: ``SAGEMAKER_VALIDATE_ROLE=false`` (gpuquota has no IAM policies
@@ -175,7 +177,13 @@ def env_lines(
         if "AWS_ACCESS_KEY_ID" in environ:
             unset.append("AWS_PROFILE")  # the environment's key is the one that was checked
     else:
-        exports |= {"AWS_ACCESS_KEY_ID": DUMMY_KEY, "AWS_SECRET_ACCESS_KEY": DUMMY_KEY}
+        key = stack.get("s3Key") or {}
+        access, secret = key.get("accessKeyId", DUMMY_KEY), key.get("secretAccessKey", DUMMY_KEY)
+        if key:
+            comments.append(
+                "# the key of the stack's own S3 server (gpuquota up --s3 local); the gateway takes any"
+            )
+        exports |= {"AWS_ACCESS_KEY_ID": str(access), "AWS_SECRET_ACCESS_KEY": str(secret)}
         unset.append("AWS_PROFILE")
     exports |= {
         "SAGEMAKER_VALIDATE_ROLE": "false",

@@ -30,6 +30,7 @@ from gpuquota.arns import ArnFactory
 from gpuquota.clock import wall_clock_ms
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
+from gpuquota.entrypoints.local_s3 import S3Client
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import Keyring
@@ -269,9 +270,12 @@ class DistributedStack:
         kafka_security: KafkaSecurity = PLAINTEXT,
         leave_running: bool = False,
         data: DataPlane | None = None,
+        s3_client: S3Client | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.lock = DirectoryLock(data_dir)
+        self.s3_client = s3_client
+        """What ``gpuquota env`` tells clients of the agents' S3 (``gpuquota up --s3``)."""
         self.leave_running = leave_running
         """``stop`` leaves the running attempts to the next start (``gpuquota up --leave-running``)."""
         self.scheduler = SchedulerService(
@@ -326,6 +330,9 @@ class DistributedStack:
         self.lock.acquire()  # DirectoryInUse: another stack uses this data dir
         await self.scheduler.start()
         await self.gateway.start()
+        if self.s3_client is not None and self.gateway.gateway is not None:
+            self.gateway.gateway.s3_endpoint = self.s3_client.endpoint
+            self.gateway.gateway.s3_client_key = self.s3_client.key
         for agent in self.agents:
             await agent.start()
 

@@ -28,7 +28,7 @@ from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
-from gpuquota.entrypoints.local_s3 import LocalS3Error, s3_settings
+from gpuquota.entrypoints.local_s3 import LocalS3Error, S3Client, s3_client, s3_settings
 from gpuquota.exposure import allowed_by_env
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, Keyring, add_auth_keys, load_auth
@@ -40,6 +40,7 @@ from gpuquota.gateway.browser_guard import (
 )
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
+from gpuquota.image_map import IMAGE_MAP_ENV
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
 from gpuquota.node_agent.container import ENGINES
 from gpuquota.node_agent.s3_stage import DataPlane, data_plane
@@ -95,6 +96,7 @@ class EmbeddedStack:
         runtime: str = "process",
         *,
         container_engine: str | None = None,
+        image_map: str = "",
         tick_seconds: float = 1.0,
         heartbeat_seconds: float = 5.0,
         preemption_grace: float = 30.0,
@@ -103,9 +105,12 @@ class EmbeddedStack:
         browser: BrowserPolicy | None = None,
         leave_running: bool = False,
         data: DataPlane | None = None,
+        s3_client: S3Client | None = None,
     ) -> None:
         self.data = data
         """The node agents' S3 (``--s3``; None: none)."""
+        self.s3_client = s3_client
+        """What ``gpuquota env`` tells clients of that S3 (the gateway's ``/gpuquota/v1/env``)."""
         # absolute: the jobs' directories derive from it, and a job's working directory is elsewhere
         self.data_dir = None if data_dir is None else Path(data_dir).absolute()
         self.lock = None if self.data_dir is None else DirectoryLock(self.data_dir)
@@ -114,6 +119,8 @@ class EmbeddedStack:
         self.nodes = nodes
         self.runtime = runtime
         self.container_engine = container_engine
+        self.image_map = image_map
+        """The container runtime's image rewrites (``GPUQUOTA_IMAGE_MAP``'s text)."""
         self.tick_seconds = tick_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.preemption_grace = preemption_grace
@@ -136,7 +143,8 @@ class EmbeddedStack:
     async def start(self) -> None:
         if self.lock is not None:
             self.lock.acquire()  # DirectoryInUse: another stack writes this log
-        runtime = make_runtime(self.runtime, self.container_engine)  # ValueError: no engine
+        # ValueError: no engine, a bad image map
+        runtime = make_runtime(self.runtime, self.container_engine, self.image_map)
         timings = Timings()
         self.store = await open_store(self.data_dir)
         shell = self.shell = SchedulerShell(
@@ -161,6 +169,8 @@ class EmbeddedStack:
             auth=self.auth,
             guard=front.guard,
         )
+        if self.s3_client is not None:
+            gateway.s3_endpoint, gateway.s3_client_key = self.s3_client.endpoint, self.s3_client.key
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool, lambda: shell.write_failure)}
         install(gateway, self.registry, probes, lambda: shell.state)
@@ -248,6 +258,14 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
         "it on exit; URL an S3-compatible endpoint (GPUQUOTA_S3_ENDPOINT_URL; keys GPUQUOTA_S3_*)",
     )
     add(
+        "--preemption-grace",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between SIGTERM and SIGKILL when a job is preempted or stopped "
+        "(GPUQUOTA_PREEMPTION_GRACE, default 30)",
+    )
+    add(
         "--leave-running",
         action="store_true",
         help="on stop (Ctrl-C, SIGTERM) leave running jobs to the next start, which adopts them "
@@ -274,6 +292,7 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 2
     try:
+        args.preemption_grace = grace(args)
         allow = args.allow_unauthenticated or allowed_by_env(os.environ)
         auth = load_auth(args.auth_keys or os.environ.get(AUTH_KEYS_ENV), args.host, "gpuquota up", allow)
         browser = BrowserPolicy.parse(
@@ -297,10 +316,22 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run_up(args, distributed, kafka, database_url, port, auth, browser, security, data_plane(s3))
+        client = s3_client(s3, local_s3)
+        plane = data_plane(s3)
+        return _run_up(args, distributed, kafka, database_url, port, auth, browser, security, plane, client)
     finally:
         if local_s3 is not None:
             local_s3.stop()
+
+
+def grace(args: argparse.Namespace) -> float:
+    """``--preemption-grace``, else ``GPUQUOTA_PREEMPTION_GRACE``, else 30 s; ValueError if not a
+    number of seconds in [0, 86400] (the node agent's bounds)."""
+    given = args.preemption_grace
+    seconds = float(given if given is not None else os.environ.get("GPUQUOTA_PREEMPTION_GRACE", "30"))
+    if not 0 <= seconds <= 86400:
+        raise ValueError(f"the preemption grace must be 0 to 86400 seconds, not {seconds:g}")
+    return seconds
 
 
 def _run_up(
@@ -313,13 +344,14 @@ def _run_up(
     browser: BrowserPolicy,
     security: KafkaSecurity,
     data: DataPlane,
+    s3: S3Client | None,
 ) -> int:
     forget_secrets(os.environ)  # read: the jobs of the local agents do not inherit them
     if any(distributed):
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
-        return _run_distributed(args, kafka, database_url, port, auth, browser, security, data)
+        return _run_distributed(args, kafka, database_url, port, auth, browser, security, data, s3)
     stack = EmbeddedStack(
         args.data_dir,
         args.host,
@@ -328,9 +360,12 @@ def _run_up(
         args.runtime,
         auth=auth,
         container_engine=args.container_engine,
+        image_map=os.environ.get(IMAGE_MAP_ENV, ""),
         browser=browser,
         leave_running=args.leave_running,
         data=data,
+        s3_client=s3,
+        preemption_grace=args.preemption_grace,
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -350,6 +385,7 @@ def _run_distributed(
     browser: BrowserPolicy,
     security: KafkaSecurity,
     data: DataPlane | None = None,
+    s3: S3Client | None = None,
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import DistributedStack, serve
@@ -364,7 +400,7 @@ def _run_distributed(
             host=args.host,
             port=port,
             nodes=node_slots(args.nodes),
-            runtime=make_runtime(args.runtime, args.container_engine),
+            runtime=make_runtime(args.runtime, args.container_engine, os.environ.get(IMAGE_MAP_ENV, "")),
             data_dir=Path(args.data_dir).absolute(),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
@@ -373,6 +409,8 @@ def _run_distributed(
             kafka_security=security,
             leave_running=args.leave_running,
             data=data,
+            s3_client=s3,
+            preemption_grace=args.preemption_grace,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())

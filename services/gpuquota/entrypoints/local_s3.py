@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuquota.settings import S3Settings
@@ -68,6 +68,24 @@ class LocalS3:
 def _read_env(path: Path) -> dict[str, str]:
     pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
     return {key: value for key, value in pairs}
+
+
+@dataclass(frozen=True)
+class S3Client:
+    """The S3 that ``gpuquota env`` tells clients of: its endpoint and, for the server ``--s3 local``
+    runs, its key pair (the gateway hands it out only without authentication)."""
+
+    endpoint: str
+    key: tuple[str, str] | None = field(default=None, repr=False)
+
+
+def s3_client(settings: S3Settings, local: LocalS3 | None) -> S3Client | None:
+    """``None`` without S3; the key of an operator's ``--s3 URL`` is the node agents' own, never told."""
+    if not settings.s3_endpoint_url:
+        return None
+    secret = settings.s3_secret() if local is not None else None
+    key = (settings.s3_access_key_id, secret) if secret is not None else None
+    return S3Client(settings.s3_endpoint_url, key)
 
 
 def s3_settings(

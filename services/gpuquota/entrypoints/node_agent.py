@@ -136,7 +136,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str
     prog = "gpuquota node-agent"
     try:
         _check_log_server(settings, token)  # logged after configure_logging: the override's warning
-        runtime = make_runtime(settings.runtime_kind, settings.container_engine)
+        runtime = make_runtime(settings.runtime_kind, settings.container_engine, settings.image_map)
     except ValueError as exc:  # Exposed, or no container engine
         print(f"gpuquota node-agent: {exc}", file=sys.stderr)
         return 2

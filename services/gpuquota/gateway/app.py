@@ -110,6 +110,9 @@ class Gateway(Context):
         self.route_hooks: list[Callable[[web.Application], None]] = []  # /metrics, /health/*, /console/
         self.s3_endpoint: str | None = None
         """The S3 endpoint of this stack's node agents, for ``gpuquota env`` (``None``: AWS's)."""
+        self.s3_client_key: tuple[str, str] | None = None
+        """The key pair of the S3 server this stack runs itself (``gpuquota up --s3 local``): handed
+        to ``gpuquota env`` when authentication is off (any key may then call anything here)."""
         self.table = {op.name.lower(): op for op in OPERATIONS}
         self.operation_names = {lower: op.name for lower, op in self.table.items()}
         self.operations: dict[str, BoundOperation] = {
@@ -203,7 +206,10 @@ class Gateway(Context):
     async def _env_route(self, request: web.Request) -> web.Response:
         await authenticate(request, self.auth, self.clock)  # any key: it names endpoints, no secret
         arns = self.arns
-        env = identity.client_environment(arns.account, arns.region, self.auth is not None, self.s3_endpoint)
+        key = self.s3_client_key if self.auth is None else None  # a secret only where nothing is
+        env = identity.client_environment(
+            arns.account, arns.region, self.auth is not None, self.s3_endpoint, key
+        )
         return _json(env)
 
     async def _query(self, request: web.Request) -> web.Response:

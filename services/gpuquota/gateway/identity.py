@@ -274,15 +274,24 @@ def default_bucket(account: str, region: str) -> str:
 
 
 def client_environment(
-    account: str, region: str, authentication: bool, s3_endpoint: str | None
+    account: str,
+    region: str,
+    authentication: bool,
+    s3_endpoint: str | None,
+    s3_key: tuple[str, str] | None = None,
 ) -> dict[str, object]:
     """What ``gpuquota env`` needs to know of this stack beyond the gateway's own URL: the account and
-    region of its ARNs, whether requests must be signed, and the S3 endpoint its node agents use
-    (``None``: the stack names none, S3 is AWS's)."""
-    return {
+    region of its ARNs, whether requests must be signed, the S3 endpoint its node agents use
+    (``None``: the stack names none, S3 is AWS's) and, for a stack without authentication that runs
+    its own S3 server, that server's key pair (``s3Key``): boto3 signs every service with one key,
+    and this gateway then takes any."""
+    env: dict[str, object] = {
         "account": account,
         "region": region,
         "authentication": authentication,
         "defaultBucket": default_bucket(account, region),
         "endpoints": {"s3": s3_endpoint},
     }
+    if s3_key is not None and not authentication:
+        env["s3Key"] = {"accessKeyId": s3_key[0], "secretAccessKey": s3_key[1]}
+    return env

@@ -39,18 +39,20 @@ __all__ = [
 RUNTIMES = ("process", "simulated", "container")
 
 
-def make_runtime(kind: str, container_engine: str | None = None) -> Runtime:
+def make_runtime(kind: str, container_engine: str | None = None, image_map: str = "") -> Runtime:
     """``process`` (alias ``subprocess``), ``simulated`` (alias ``fake``) or ``container`` (with
-    ``container_engine`` podman or docker; default: the first found). Raises ValueError."""
+    ``container_engine`` podman or docker; default: the first found; ``image_map`` the text of
+    ``GPUQUOTA_IMAGE_MAP``). Raises ValueError."""
     if kind in ("process", "subprocess"):
         return ProcessRuntime()
     if kind in ("simulated", "fake"):
         return SimulatedRuntime()
     if kind == "container":
+        from gpuquota.image_map import ImageMap
         from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, EngineMissing
 
         try:
-            return ContainerRuntime(ContainerEngine.find(container_engine))
+            return ContainerRuntime(ContainerEngine.find(container_engine), ImageMap.parse(image_map))
         except EngineMissing as exc:
             raise ValueError(str(exc)) from None
     raise ValueError(f"unknown runtime {kind!r}: expected process, simulated or container")

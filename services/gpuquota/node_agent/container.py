@@ -1,5 +1,6 @@
 """The ``container`` runtime (I6): each instance of an attempt is a container of the job's
-``TrainingImage``, run by an OCI engine's command line (``podman``, or ``docker``).
+``TrainingImage``, run by an OCI engine's command line (``podman``, or ``docker``). The image is
+first rewritten by the node's image map and pulled when missing (:mod:`~gpuquota.node_agent.images`).
 
 Containers carry labels (``gpuquota.node_id``, ``gpuquota.job_id``, ``gpuquota.attempt_id``,
 ``gpuquota.instance``) and are not removed when they exit: a restarted agent finds them by label and
@@ -32,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuquota.image_map import ImageMap
 from gpuquota.node_agent import children
+from gpuquota.node_agent.images import PullError, ensure_image
 from gpuquota.node_agent.instances import (
     CONTAINER_MASTER_PORT,
     GroupHandle,
@@ -267,8 +270,10 @@ class ContainerRuntime:
     contained = True
     """The job's ``CheckpointConfig.LocalPath`` is a path inside the container, not on the node."""
 
-    def __init__(self, engine: ContainerEngine) -> None:
+    def __init__(self, engine: ContainerEngine, images: ImageMap | None = None) -> None:
         self.engine = engine
+        self.images = images or ImageMap()
+        """The operator's rewrites of the jobs' images (``GPUQUOTA_IMAGE_MAP``)."""
 
     @staticmethod
     def container_name(node: str, attempt_id: str, instance: Instance) -> str:
@@ -278,6 +283,11 @@ class ContainerRuntime:
         image = spec.request.training_image
         if not image:
             raise LaunchError("No image to run: the payload has no AlgorithmSpecification.TrainingImage")
+        image = self.images.resolve(image)
+        try:
+            await ensure_image(self.engine, image)
+        except PullError as exc:
+            raise LaunchError(str(exc)) from None
         node = spec.env.get("GPUQUOTA_NODE_ID", "")
         instances = local_instances(spec)
         # an attempt spread over several nodes uses the hosts' network (see docs/runtimes.md)

@@ -55,6 +55,8 @@ def prepare(
         "SM_CURRENT_INSTANCE_TYPE": cmd.unit,
         "SM_NUM_GPUS": str(len(gpus)),
         "SM_CHECKPOINT_DIR": str(checkpoint),
+        # SageMaker's own; the SDK's drivers (sm_drivers/scripts/environment.py) require it
+        "TRAINING_JOB_NAME": request.training_job_name or cmd.job_name,
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
         "GPUQUOTA_JOB_ID": cmd.job_id,
         "GPUQUOTA_JOB_NAME": cmd.job_name,

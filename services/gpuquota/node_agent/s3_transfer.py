@@ -18,7 +18,7 @@ Terms:
   attempt's ``statusReason`` (``s3_stage`` adds SageMaker's ``ClientError: ...`` prefixes).
 
 Progress: every transfer is counted in :attr:`S3Store.moved` (bytes and seconds per direction, the
-``gpuquota_agent_s3_*`` metrics), logged when it ends, and logged every ``PROGRESS_SECONDS`` while it
+``gpuquota_agent_transfer_*`` metrics), logged when it ends, and logged every ``PROGRESS_SECONDS`` while it
 runs. An upload logs ``uploading ... to s3://...`` before its first byte, so a test (or an operator)
 sees that it began.
 

@@ -122,6 +122,16 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "gpuquota_agent_attempts_active": ("gauge", ("node",), "Attempts the node agent runs now"),
     "gpuquota_agent_send_failures": ("counter", ("node",), "Failed sends of the node agent to the scheduler"),
+    "gpuquota_agent_transfer_bytes": (
+        "counter",
+        ("node", "direction"),
+        "Bytes of the jobs' S3 transfers the node agent finished, by direction (download, upload)",
+    ),
+    "gpuquota_agent_transfer_seconds": (
+        "counter",
+        ("node", "direction"),
+        "Seconds those S3 transfers took, by direction",
+    ),
 }
 
 

@@ -109,7 +109,12 @@ def agent_families(service: NodeAgentService) -> Iterator[Metric]:
     active.add_metric([agent.node_id], len(agent.active_attempts))
     failures = family("gpuquota_agent_send_failures")
     failures.add_metric([agent.node_id], agent.send_failures)
-    yield from (gpus, active, failures)
+    moved, took = family("gpuquota_agent_transfer_bytes"), family("gpuquota_agent_transfer_seconds")
+    store = agent.data.store
+    for direction, (size, seconds) in sorted(store.moved.items() if store is not None else ()):
+        moved.add_metric([agent.node_id, direction], size)
+        took.add_metric([agent.node_id, direction], seconds)
+    yield from (gpus, active, failures, moved, took)
 
 
 def agent_ops(service: NodeAgentService, kafka: str, port: int, host: str = METRICS_HOST) -> OpsServer:
