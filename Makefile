@@ -30,7 +30,7 @@ help:
 	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo); installs only the package"
 	@echo "                   and its runtime dependencies when .venv lacks them (no test tools, no podman)"
-	@echo "make images        build every image (base, gpuquota:dev, Kafka, PostgreSQL) from Debian's packages"
+	@echo "make images        build every image (base, gpuquota:dev, Kafka, PostgreSQL, python) from Debian's packages"
 	@echo "                   with podman, cached by content hash (deploy/local/images.sh; docs/images.md)"
 	@echo "make compose-up    build the images, start docker-compose.yml on podman (gateway on 127.0.0.1:8642)"
 	@echo "make compose-down  stop it and remove its containers, networks and volumes"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds every container image the project uses from Debian's packages only (no registry is reached):
 #
-#   deploy/local/images.sh [all]     base, gpuquota:dev, the Kafka and the PostgreSQL image (cached)
+#   deploy/local/images.sh [all]     base, gpuquota:dev, the Kafka, PostgreSQL and python image (cached)
 #   deploy/local/images.sh base      only the base; prints its name (for images built on it)
 #   deploy/local/images.sh gpuquota|kafka|postgres|python   that image (and the base when needed)
 #   deploy/local/images.sh extra NAME CONTEXT [CONTAINERFILE]
@@ -19,7 +19,7 @@
 #                                      on Debian's openjdk-17-jre-headless (deploy/local/images/kafka)
 #   localhost/gpuquota-postgres:dev    Debian's postgresql-15 (deploy/local/images/postgres)
 #   localhost/gpuquota-python:dev      python3 and pip: the SageMaker SDK's jobs' local training image
-#                                      (deploy/local/images/python; not in `all`: tests build it)
+#                                      (deploy/local/images/python)
 #
 # Caching: each image carries the label gpuquota.inputs, a hash of what it is built from (for the base:
 # its package list and this script's recipe; for the others: their files and the base's image id). An
@@ -189,9 +189,9 @@ case "${1:-all}" in
   all)
     t0=$SECONDS
     build_base
-    # the three on the base at once: their time is mostly apt's and pip's downloads, not the CPU
+    # the four on the base at once: their time is mostly apt's and pip's downloads, not the CPU
     pids=()
-    for image in gpuquota kafka postgres; do
+    for image in gpuquota kafka postgres python; do
       "build_$image" &
       pids+=($!)
     done
