@@ -130,7 +130,7 @@ async def test_an_s3_channel_is_read_and_the_model_lands_where_sagemaker_puts_it
     assert members(client, bucket, "out/s3-job/output/output.tar.gz") == {"metrics.txt": b"loss=0.1"}
     metrics = {  # the agent's /metrics families: bytes and seconds of its transfers, per direction
         (family.name, sample.labels["direction"]): sample.value
-        for family in agent_families(SimpleNamespace(agent=node))  # type: ignore[arg-type]
+        for family in agent_families(SimpleNamespace(agent=node))
         if family.name.startswith("gpuquota_agent_transfer")
         for sample in family.samples
     }
