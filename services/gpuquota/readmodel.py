@@ -72,6 +72,8 @@ class AttemptView:
     status_reason: str | None = None
     outputs: list[dict[str, str]] = field(default_factory=list)
     """gpuquota's ``gpuquotaOutputs``: where each instance kept /opt/ml/model and /opt/ml/output (I6)."""
+    checkpoint_at: int | None = None
+    """gpuquota's ``gpuquotaCheckpointAt``: the attempt's last checkpoint as its node reported it (S12)."""
     lost_work: dict[str, Any] | None = None
     """gpuquota's ``gpuquotaLostWork`` of a preempted attempt (S12): ``lost_work``."""
 
@@ -292,6 +294,10 @@ class ReadModel:
             attempt.outputs += [
                 node | {"host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir} for o in e.outputs
             ]
+
+    def _on_AttemptCheckpointed(self, e: ev.AttemptCheckpointed) -> None:
+        if (attempt := self.jobs[e.job_id].current) is not None and attempt.attempt_id == e.attempt_id:
+            attempt.checkpoint_at = e.checkpoint_at
 
     def _on_JobStarting(self, e: ev.JobStarting) -> None:
         self.jobs[e.job_id].status = JobStatus.STARTING
