@@ -57,10 +57,21 @@ def attempt_of(api: Api, job_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("order", [None, LEAST_LOST_WORK])
+@pytest.mark.parametrize("mode", ["embedded", pytest.param("distributed", marks=pytest.mark.integration)])
 def test_reclaim_takes_the_victim_the_order_says_and_records_its_lost_work(
-    order: str | None, jobs: Jobs, tmp_path: Path
+    mode: str, order: str | None, request: pytest.FixtureRequest, jobs: Jobs, tmp_path: Path
 ) -> None:
-    options = StackOptions(mode="embedded", nodes=f"{G5}=3", runtime="process")
+    kafka = database_url = None
+    if mode == "distributed":  # heartbeats over Kafka, the log in PostgreSQL
+        kafka = request.getfixturevalue("kafka_bootstrap")
+        database_url = request.getfixturevalue("database_url")
+    options = StackOptions(
+        mode="distributed" if mode == "distributed" else "embedded",
+        nodes=f"{G5}=3",
+        runtime="process",
+        kafka=kafka,
+        database_url=database_url,
+    )
     with start_stack(options, tmp_path / "stack") as stack:
         play(stack, jobs, order)
 

@@ -8,6 +8,7 @@ from gpuquota.core import fingerprint, replay
 from gpuquota.core.checkpoints import LEAST_LOST_WORK, VICTIM_ORDER_TAG
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
+from gpuquota.wire.base import SchedulingPolicySpec
 from tests.builders import Harness, ShareBuilder, job, share
 
 
@@ -108,3 +109,12 @@ def played_with_checkpoints() -> Harness:
     """A run with ``AttemptCheckpointed`` and a leastLostWork preemption (the contract tests' sample)."""
     h = borrowing(LEAST_LOST_WORK)
     return h.submit(job("b1").share("B"))
+
+
+def test_the_scheduling_policy_opts_every_share_in_unless_the_share_says_otherwise() -> None:
+    for share_tag, expected in ((None, "a1"), ("aws", "a2")):
+        h = borrowing(share_tag)
+        policy = SchedulingPolicySpec(name="policy", tags={VICTIM_ORDER_TAG: LEAST_LOST_WORK})
+        h.feed(inp.UpdateSchedulingPolicy, spec=policy)
+        h.submit(job("b1").share("B"))
+        assert [e.job_id for e in preempted(h)] == [expected]
