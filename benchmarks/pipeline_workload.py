@@ -116,5 +116,5 @@ def report_json(attempt_id: str, node_id: str, job: str, at: int) -> bytes:
     return (
         f'{{"event_id":{encode_basestring(attempt_id + "/done")},"occurred_at":{at},"schema_version":1,'
         f'"type":"AttemptReport","node_id":{encode_basestring(node_id)},"job_id":{encode_basestring(job)},'
-        f'"attempt_id":{attempt},"status":"SUCCEEDED","exit_code":0,"status_reason":null,"outputs":[]}}'
+        f'"attempt_id":{attempt},"status":"SUCCEEDED","exit_code":0,"status_reason":null,"outputs":[],"checkpoint_at":null}}'
     ).encode()

@@ -72,6 +72,10 @@ class AttemptView:
     status_reason: str | None = None
     outputs: list[dict[str, str]] = field(default_factory=list)
     """gpuquota's ``gpuquotaOutputs``: where each instance kept /opt/ml/model and /opt/ml/output (I6)."""
+    checkpoint_at: int | None = None
+    """gpuquota's ``gpuquotaCheckpointAt``: the attempt's last checkpoint as its node reported it (S12)."""
+    lost_work: dict[str, Any] | None = None
+    """gpuquota's ``gpuquotaLostWork`` of a preempted attempt (S12): ``lost_work``."""
 
 
 @dataclass(slots=True)
@@ -296,6 +300,10 @@ class ReadModel:
                 node | {"host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir} for o in e.outputs
             ]
 
+    def _on_AttemptCheckpointed(self, e: ev.AttemptCheckpointed) -> None:
+        if (attempt := self.jobs[e.job_id].current) is not None and attempt.attempt_id == e.attempt_id:
+            attempt.checkpoint_at = e.checkpoint_at
+
     def _on_JobStarting(self, e: ev.JobStarting) -> None:
         self.jobs[e.job_id].status = JobStatus.STARTING
 
@@ -351,6 +359,8 @@ class ReadModel:
         if job is None:
             return
         preemptor = self.jobs.get(e.preemptor_job_id)
+        if job.current is not None and job.current.attempt_id == e.attempt_id:
+            job.current.lost_work = lost_work(e)
         job.preemptions.insert(
             0,
             {
@@ -363,6 +373,7 @@ class ReadModel:
                 "victimQuotaShareName": e.victim_share,
                 "statusReason": e.status_reason,
                 "victimRuntimeMs": e.victim_runtime_ms,
+                "lostWork": lost_work(e),
                 "figures": {to_camel(k): v for k, v in e.figures.model_dump().items()},
             },
         )
@@ -433,3 +444,10 @@ class ReadModel:
                 return True
             later, view = view, view.previous
         return False
+
+
+def lost_work(e: ev.JobPreempted) -> dict[str, Any]:
+    """S12: what a preemption threw away, as ``gpuquotaLostWork`` shows it (seconds per instance, and
+    times the attempt's GPUs)."""
+    seconds = e.lost_ms / 1000
+    return {"kind": e.kind, "seconds": seconds, "gpus": e.lost_gpus, "gpuSeconds": seconds * e.lost_gpus}

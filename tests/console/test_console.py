@@ -174,6 +174,8 @@ def test_console_follows_the_worked_example(browser: Chrome, tmp_path: Path) -> 
         browser.get(f"{running.url}/console/#/job/{ids['qs1_job_high']}")
         until(browser, text_of(By.CSS_SELECTOR, "table.preemptions td.kind", "IN_SHARE"))
         until(browser, text_of(By.ID, "job-preempted", "1"))
+        lost = browser.find_element(By.CSS_SELECTOR, "table.preemptions td.lost").text  # S12
+        assert lost.endswith("GPU-s") and "\u00d7 1 GPUs" in lost, lost
         screenshot(browser, tmp_path, "job")
         assert status(batch, ids["qs1_job_high"]) == "RUNNABLE"
 

@@ -23,7 +23,7 @@ from gpuquota import _native
 from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.core import ClusterState
 
-SNAPSHOT_SCHEMA_VERSION = 9
+SNAPSHOT_SCHEMA_VERSION = 10
 
 COMPILED_FLAG = 0x8000
 """Set in the header's version by the compiled core (``gpuquota._native``): mypyc's classes pickle

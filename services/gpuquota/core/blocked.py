@@ -59,6 +59,7 @@ _BOUNDS_KEPT: Final = frozenset(
         *JOB_TRANSITIONS,
         ev.PreemptionHoldReleased,
         ev.NodeHeartbeatRecorded,
+        ev.AttemptCheckpointed,
         ev.InputRejected,
         ev.AttemptFenced,
     }

@@ -225,7 +225,14 @@ class Context:
         status_reason: str,
         figures: ev.PreemptionFigures,
         victim_runtime_ms: int = ...,
+        lost_ms: int = ...,
+        lost_gpus: int = ...,
     ) -> ev.JobPreempted: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.AttemptCheckpointed], *, job_id: str, attempt_id: str, checkpoint_at: int
+    ) -> ev.AttemptCheckpointed: ...
 
     @overload
     def emit(

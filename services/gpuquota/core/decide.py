@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuquota.core import nodes
+from gpuquota.core import checkpoints, nodes
 from gpuquota.core.blocked import TIME_LIMIT_REASON, never_runnable
 from gpuquota.core.context import Context, EventHook
 from gpuquota.core.hygiene import tag_problem, timed_units
@@ -217,7 +217,7 @@ def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
 def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
     if spec.job_queue not in ctx.state.queues or spec.job_queue in ctx.state.queues_deleting:
         return f"Job queue {spec.job_queue} does not exist"
-    return tag_problem(spec.tags)
+    return tag_problem(spec.tags) or checkpoints.tag_problem(spec.tags)
 
 
 @_handles(inp.CreateQuotaShare)

@@ -321,6 +321,11 @@ def _outputs(state: ClusterState, event: ev.AttemptOutputsRecorded) -> None:
     pass  # the read model's: where the attempt's model is does not change scheduling
 
 
+@_handles(ev.AttemptCheckpointed)
+def _checkpointed(state: ClusterState, event: ev.AttemptCheckpointed) -> None:
+    state.jobs[event.job_id].put("checkpoint_at", event.checkpoint_at)
+
+
 @_handles(ev.JobPriorityChanged)
 def _priority(state: ClusterState, event: ev.JobPriorityChanged) -> None:
     job = state.jobs[event.job_id]

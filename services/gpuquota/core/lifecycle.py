@@ -84,6 +84,7 @@ JOB_TRANSITIONS: dict[type[ev.SchedulerEvent], tuple[frozenset[JobStatus | None]
     ev.JobStopRequested: (_DISPATCHED, SAME),
     ev.AttemptPartEnded: (_DISPATCHED, SAME),
     ev.AttemptOutputsRecorded: (_DISPATCHED, SAME),
+    ev.AttemptCheckpointed: (_DISPATCHED, SAME),
     ev.JobPriorityChanged: (_LIVE, SAME),
     ev.JobTagsChanged: (_ANY, SAME),
     ev.JobBlocked: (_QUEUED, SAME),

@@ -46,6 +46,7 @@ made before the suspension proves nothing about the link now.
 
 from __future__ import annotations
 
+from gpuquota.core import checkpoints
 from gpuquota.core.context import Context
 from gpuquota.core.lost_tail import finished_elsewhere
 from gpuquota.core.outcomes import (
@@ -105,6 +106,8 @@ def heartbeat(ctx: Context, m: inp.NodeHeartbeat) -> bool:
     changed = False
     if m.attempts is not None:
         changed = _reconcile(ctx, m, m.attempts, registration=False)
+        for attempt in m.attempts:  # S12: the checkpoints the node has seen
+            checkpoints.record(ctx, m.node_id, attempt.job_id, attempt.attempt_id, attempt.checkpoint_at)
     # Record heartbeats coarsely: the log needs only enough of them to decide node loss exactly.
     if m.occurred_at - node.last_heartbeat >= heartbeat_granularity(ctx.state):
         ctx.emit(ev.NodeHeartbeatRecorded, node_id=m.node_id)
@@ -163,6 +166,7 @@ def _as_report(m: inp.RegisterNode | inp.NodeHeartbeat, attempt: NodeAttempt) ->
         status=attempt.status,
         exit_code=attempt.exit_code,
         status_reason=attempt.status_reason,
+        checkpoint_at=attempt.checkpoint_at,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, cast
 
+from gpuquota.core import checkpoints
 from gpuquota.core.context import Context
 from gpuquota.core.lifecycle import REPORT_TRANSITIONS, algorithm_error, retry_allowed
 from gpuquota.core.lost_tail import finished_elsewhere
@@ -178,6 +179,7 @@ def apply_report(ctx: Context, m: inp.AttemptReport) -> bool:
         return False
     if m.node_id not in {p.node_id for p in job.placements}:
         return reject(ctx, m, f"Attempt {m.attempt_id} is not placed on node {m.node_id}", job_id=m.job_id)
+    checkpoints.record(ctx, m.node_id, m.job_id, m.attempt_id, m.checkpoint_at)  # S12
     meaning = REPORT_TRANSITIONS.get(job.status, {}).get(m.status)
     if meaning is None:
         return reject(

@@ -61,6 +61,7 @@ class JobRecord(Mutable):
         "attempt_duration_seconds",
         "attempt_id",
         "attempt_number",
+        "checkpoint_at",
         "count",
         "created_at",
         "dispatch_seq",
@@ -121,6 +122,8 @@ class JobRecord(Mutable):
         self.stop: StopInfo | None = None
         self.scheduled_at: int | None = None
         self.started_at: int | None = None
+        self.checkpoint_at: int | None = None
+        """S12: when the job last checkpointed, as its node reported (``AttemptCheckpointed``)."""
         self.dispatch_seq = 0
         self.runnable_since = at
 
@@ -132,6 +135,7 @@ class JobRecord(Mutable):
             self.attempt_duration_seconds,
             self.attempt_id,
             self.attempt_number,
+            self.checkpoint_at,
             self.count,
             self.created_at,
             self.dispatch_seq,
@@ -162,6 +166,7 @@ class JobRecord(Mutable):
             self.attempt_duration_seconds,
             self.attempt_id,
             self.attempt_number,
+            self.checkpoint_at,
             self.count,
             self.created_at,
             self.dispatch_seq,

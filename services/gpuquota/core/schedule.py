@@ -34,6 +34,7 @@ import heapq
 from collections.abc import Iterator
 
 from gpuquota.core.blocked import record_blocked
+from gpuquota.core.checkpoints import gpus_held, lost_ms, victim_order
 from gpuquota.core.context import Context, DispatchPhase, construct
 from gpuquota.core.hygiene import borrow_blocked_until, protected_until
 from gpuquota.core.preemption import Eligible, cross_share_candidates, find_victims, in_share_candidates
@@ -256,6 +257,7 @@ class EnvironmentPass:
         if job.job_id in self.state.holds:
             return True
         candidates, eligible = cross_share_candidates(self.ledger, job)
+        candidates = victim_order(self.state, job, candidates, self.ctx.now)
         victims = find_victims(self.ledger, job, candidates, self.unprotected(eligible))
         if victims is None:
             return False
@@ -269,6 +271,7 @@ class EnvironmentPass:
         if self.state.head(share) is not job:
             return
         candidates, eligible = in_share_candidates(self.ledger, job)
+        candidates = victim_order(self.state, job, candidates, self.ctx.now)
         victims = find_victims(self.ledger, job, candidates, self.unprotected(eligible))
         if victims is not None:
             self.preempt(job, victims, "IN_SHARE")
@@ -311,6 +314,8 @@ class EnvironmentPass:
                 kind=kind,
                 status_reason=reason,
                 victim_runtime_ms=0 if victim.started_at is None else self.ctx.now - victim.started_at,
+                lost_ms=lost_ms(victim, self.ctx.now),
+                lost_gpus=gpus_held(victim),
                 figures=ev.PreemptionFigures(
                     unit=preemptor.unit,
                     preemptor_demand=preemptor.count,

@@ -53,17 +53,22 @@ def _reason(exc: BaseException) -> str:
 
 OUTPUTS_KEY = "gpuquotaOutputs"
 """gpuquota's key in a DescribeServiceJob attempt (where the attempt's model is); not in AWS's model."""
+LOST_WORK_KEY = "gpuquotaLostWork"
+"""gpuquota's key in a preempted DescribeServiceJob attempt: the work it lost (S12)."""
+CHECKPOINT_KEY = "gpuquotaCheckpointAt"
+"""gpuquota's key in a DescribeServiceJob attempt: its last checkpoint, epoch ms (S12)."""
 
 
 def keep_attempt_outputs(http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
-    """botocore drops the keys its service model lacks: copy each attempt's ``gpuquotaOutputs`` back."""
+    """botocore drops the keys its service model lacks: copy each attempt's gpuquota keys back."""
     try:
         raw = json.loads(http_response.content or b"{}").get("attempts") or []
     except (ValueError, AttributeError):
         return
     for attempt, sent in zip(parsed.get("attempts") or [], raw, strict=False):
-        if isinstance(sent, dict) and OUTPUTS_KEY in sent:
-            attempt[OUTPUTS_KEY] = sent[OUTPUTS_KEY]
+        for key in (OUTPUTS_KEY, LOST_WORK_KEY, CHECKPOINT_KEY):
+            if isinstance(sent, dict) and key in sent:
+                attempt[key] = sent[key]
 
 
 class Api:

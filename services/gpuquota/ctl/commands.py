@@ -229,16 +229,7 @@ def format_job(job: dict[str, Any], style: Style) -> str:
     lines = [f"{style(k.ljust(width), 'bold')}  {v}" for k, v in fields]
     attempts = job.get("attempts", [])
     if attempts:
-        rows = [
-            [
-                str(i),
-                render.when(a.get("startedAt")),
-                render.when(a.get("stoppedAt")),
-                render.shorten(a.get("statusReason"), 70),
-            ]
-            for i, a in enumerate(attempts, start=1)
-        ]
-        lines += ["", style("Attempts", "bold"), render.table(["#", "STARTED", "STOPPED", "REASON"], rows)]
+        lines += ["", style("Attempts", "bold"), render.attempts_table(attempts)]
         title = f"Model and output of attempt {len(attempts)}"
         lines += format_outputs(attempts[-1].get("gpuquotaOutputs", []), style, title)
     return "\n".join(lines)
@@ -493,6 +484,7 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
             f"  preemptor  {preemptor} ({last['preemptorJobId']}) of share {last['preemptorQuotaShareName']}",
             f"  decided    {render.when(last.get('decidedAt'))}",
             f"  cause      {last['statusReason']}",
+            f"  lost work  {render.lost_work(last.get('lostWork'))} (since its last checkpoint)",
             style(f"  figures when decided ({last['figures'].get('unit', '')})", "dim"),
             *_figures(last["figures"], PREEMPTION_LABELS, indent="    "),
         ]

@@ -121,3 +121,25 @@ def shorten(text: str | None, width: int = 72) -> str:
     if not text:
         return "-"
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def lost_work(lost: dict[str, Any] | None) -> str:
+    """S12's ``gpuquotaLostWork`` of a preempted attempt: ``"95 s x 2 GPUs = 190 GPU-s"``, or ``-``."""
+    if not lost:
+        return "-"
+    return f"{lost['seconds']:.0f} s x {lost['gpus']} GPUs = {lost['gpuSeconds']:.0f} GPU-s"
+
+
+def attempts_table(attempts: list[dict[str, Any]]) -> str:
+    """A DescribeServiceJob's attempts, one row each (with S12's lost work of a preempted one)."""
+    rows = [
+        [
+            str(i),
+            when(a.get("startedAt")),
+            when(a.get("stoppedAt")),
+            shorten(a.get("statusReason"), 70),
+            lost_work(a.get("gpuquotaLostWork")),
+        ]
+        for i, a in enumerate(attempts, start=1)
+    ]
+    return table(["#", "STARTED", "STOPPED", "REASON", "LOST WORK"], rows)

@@ -35,6 +35,10 @@ def attempt_dict(attempt: AttemptView) -> dict[str, Any]:
         out["statusReason"] = attempt.status_reason
     if attempt.outputs:
         out["gpuquotaOutputs"] = attempt.outputs  # gpuquota's key: where /opt/ml/model and output are (I6)
+    if attempt.checkpoint_at is not None:
+        out["gpuquotaCheckpointAt"] = attempt.checkpoint_at  # gpuquota's key: its last checkpoint (S12)
+    if attempt.lost_work is not None:
+        out["gpuquotaLostWork"] = attempt.lost_work  # gpuquota's key: what its preemption threw away (S12)
     return out
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.ids import uuid4, uuid7
+from gpuquota.node_agent.checkpoint_watch import refresh
 from gpuquota.node_agent.outcomes import FinalStatus, final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import attempt_outputs, exit_path, prepared_and_recorded
@@ -540,6 +541,8 @@ class NodeAgent:
             if not self._registered or self._link_down:
                 continue  # not registered yet (or any more), or the outbox is retrying a failed send
             try:
+                contained = getattr(self.runtime, "contained", False)
+                await refresh(self._attempts.values(), self.work_dir, contained, self.data.uploaded)
                 await self._saver.before_send()  # the statuses it lists are on disk
                 await self._send(NodeHeartbeat(**self._meta(), node_id=self.node_id, attempts=self._known()))
             except asyncio.CancelledError:

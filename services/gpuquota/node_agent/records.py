@@ -157,6 +157,8 @@ class Attempt:
     """The last status reported."""
     final: AttemptReport | None = None
     """The final report, until its send succeeded (then the attempt is forgotten)."""
+    checkpoint_at: int | None = None
+    """S12: when it last checkpointed (epoch ms), as ``checkpoint_watch`` last found it."""
     _encoded: tuple[tuple[Any, ...], str] | None = field(default=None, repr=False, compare=False)
     """(what the record depends on, the record encoded): ``encoded``'s cache."""
 
@@ -213,4 +215,5 @@ class Attempt:
             status=self.status,
             exit_code=None if final is None else final.exit_code,
             status_reason=None if final is None else final.status_reason,
+            checkpoint_at=self.checkpoint_at,
         )

@@ -106,6 +106,8 @@ class DataPlane:
     def __init__(self, store: S3Store | None, checkpoint_seconds: float = 30.0) -> None:
         self.store = store
         self.checkpoint_seconds = checkpoint_seconds
+        self.uploaded: dict[str, int] = {}
+        """S12: per running attempt, the newest mtime (epoch ms) of what its last upload carried."""
 
     # ----- stage in -------------------------------------------------------------------------------
 
@@ -203,16 +205,24 @@ class DataPlane:
         local = checkpoint_dir(cmd, work_dir, contained=contained)
         if local is None:
             return None
-        return asyncio.create_task(self._sync_loop(local, uri), name=f"checkpoints-{cmd.attempt_id}")
+        task = self._sync_loop(local, uri, cmd.attempt_id)
+        return asyncio.create_task(task, name=f"checkpoints-{cmd.attempt_id}")
 
-    async def _sync_loop(self, local: Path, uri: str) -> None:
+    async def _sync_loop(self, local: Path, uri: str, attempt_id: str) -> None:
         seen: dict[str, tuple[int, int]] = {}
-        while True:
-            await asyncio.sleep(self.checkpoint_seconds)  # the upload period
-            try:
-                await self._sync(local, uri, seen)
-            except TransferFailed as exc:  # the next period tries again; stage out reports it
-                log.warning("checkpoint upload failed (retried in %g s): %s", self.checkpoint_seconds, exc)
+        try:
+            while True:
+                await asyncio.sleep(self.checkpoint_seconds)  # the upload period
+                try:
+                    await self._sync(local, uri, seen)
+                except TransferFailed as exc:  # the next period tries again; stage out reports it
+                    period = self.checkpoint_seconds
+                    log.warning("checkpoint upload failed (retried in %g s): %s", period, exc)
+                    continue
+                if seen:  # S12: the newest file S3 now holds is the checkpoint another node resumes from
+                    self.uploaded[attempt_id] = max(mtime for _, mtime in seen.values()) // 1_000_000
+        finally:
+            self.uploaded.pop(attempt_id, None)
 
     async def _sync(self, local: Path, uri: str, seen: dict[str, tuple[int, int]]) -> None:
         assert self.store is not None

@@ -94,6 +94,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Work lost to preemption (S10.3), by the victim's share and the kind: the victim attempt's "
         "runtime times its instances (GPU-seconds as gpuquota simulate counts them)",
     ),
+    "gpuquota_preemption_lost_gpu_seconds": (
+        "counter",
+        ("queue", "share", "kind"),
+        "Work thrown away by preemption (S12), by the victim's share and the kind: per victim attempt, "
+        "its GPUs times the time since its last checkpoint (since it started without one)",
+    ),
     "gpuquota_jobs_succeeded": ("counter", ("queue", "share"), "Jobs that succeeded"),
     "gpuquota_jobs_failed": (
         "counter",
@@ -176,6 +182,11 @@ def lost_gpu_seconds(event: ev.JobPreempted, victim: JobView) -> float:
     return event.victim_runtime_ms / 1000 * victim.spec.count
 
 
+def checkpoint_lost_gpu_seconds(event: ev.JobPreempted) -> float:
+    """S12's work lost by one preemption: the victim's GPUs times the time since its last checkpoint."""
+    return event.lost_ms / 1000 * event.lost_gpus
+
+
 class EventTally(Collector):
     """Counters of the events the read model applied (``ReadModel.apply`` calls :meth:`observe`)."""
 
@@ -185,6 +196,7 @@ class EventTally(Collector):
         self.dispatched: Counter[tuple[str, ...]] = Counter()
         self.preempted: Counter[tuple[str, ...]] = Counter()
         self.lost: dict[tuple[str, ...], float] = {}
+        self.lost_since_checkpoint: dict[tuple[str, ...], float] = {}
         self.succeeded: Counter[tuple[str, ...]] = Counter()
         self.failed: Counter[tuple[str, ...]] = Counter()
         self.rejected: Counter[tuple[str, ...]] = Counter()
@@ -206,6 +218,8 @@ class EventTally(Collector):
             if job is not None:
                 key = (*job.share, preempted.kind)
                 self.lost[key] = self.lost.get(key, 0.0) + lost_gpu_seconds(preempted, job)
+                since = self.lost_since_checkpoint
+                since[key] = since.get(key, 0.0) + checkpoint_lost_gpu_seconds(preempted)
         elif job is not None:
             if kind == "JobAccepted":
                 self.submitted[job.share] += 1
@@ -222,6 +236,7 @@ class EventTally(Collector):
             ("gpuquota_dispatches", self.dispatched),
             ("gpuquota_preemptions", self.preempted),
             ("gpuquota_preempted_gpu_seconds", self.lost),
+            ("gpuquota_preemption_lost_gpu_seconds", self.lost_since_checkpoint),
             ("gpuquota_jobs_succeeded", self.succeeded),
             ("gpuquota_jobs_failed", self.failed),
             ("gpuquota_rejections", self.rejected),

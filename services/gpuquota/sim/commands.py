@@ -48,6 +48,22 @@ def configure_simulate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", choices=("table", "json"), default="table")
     parser.add_argument("--plot", metavar="FILE", help="draw usage over time and wait times (.png or .svg)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--victim-order",
+        metavar="ORDER[,ORDER]",
+        help="run each configuration under these victim orders (S12): aws (AWS's), leastLostWork",
+    )
+
+
+def victim_orders(value: str | None) -> list[str]:
+    """The orders of ``--victim-order`` (none: each configuration as its file says)."""
+    from gpuquota.core.checkpoints import VICTIM_ORDERS
+
+    orders = [] if not value else [o.strip() for o in value.split(",") if o.strip()]
+    for order in orders:
+        if order not in VICTIM_ORDERS:
+            raise CliError(f"--victim-order: {order!r} is not one of {', '.join(VICTIM_ORDERS)}")
+    return orders
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -61,6 +77,10 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.trace == "-" and len(args.files) > 1:
         raise CliError("--trace -: standard input can be replayed only once (give a file to compare)")
     configs = [load_configuration(path) for path in args.files]
+    if orders := victim_orders(args.victim_order):
+        configs = [config.with_victim_order(order) for config in configs for order in orders]
+    if args.trace == "-" and len(configs) > 1:
+        raise CliError("--trace -: standard input can be replayed only once (give a file to compare)")
     results = []
     for config in configs:
         progress = None if args.quiet else stderr_progress(config.name)

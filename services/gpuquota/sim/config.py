@@ -6,10 +6,11 @@ that many slots) and quota shares; the scheduling policy and job queue are made 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpuquota.core.checkpoints import LEAST_LOST_WORK, VICTIM_ORDER_TAG
 from gpuquota.ctl.api import CliError
 from gpuquota.ctl.apply_doc import ApplyDoc, load
 from gpuquota.wire import inputs as inp
@@ -49,6 +50,19 @@ class Configuration:
             slots = tuple(SlotOffer(unit=unit) for _ in range(count))
             out.append((inp.RegisterNode, {"node_id": node_id(unit), "slots": slots}))
         return out
+
+    def victim_order(self) -> str:
+        """S12's victim order, when the policy or any share asks for one (``aws``: AWS's, the default)."""
+        tags = [self.policy.tags, *(share.tags for share in self.shares)]
+        orders = {t[VICTIM_ORDER_TAG] for t in tags if VICTIM_ORDER_TAG in t}
+        return LEAST_LOST_WORK if LEAST_LOST_WORK in orders else "aws"
+
+    def with_victim_order(self, order: str) -> Configuration:
+        """This configuration with ``order`` on its scheduling policy (``gpuquota simulate --victim-order``),
+        named after it."""
+        tags = {**self.policy.tags, VICTIM_ORDER_TAG: order}
+        policy = self.policy.model_copy(update={"tags": tags})
+        return replace(self, name=f"{self.name} ({order})", policy=policy)
 
     def capacity(self) -> dict[str, int]:
         return {c.unit: c.max_capacity for c in self.environment.capacity_limits if c.max_capacity > 0}

@@ -12,8 +12,11 @@ core returns say what to schedule next (a ``JobDispatched`` schedules the attemp
 ``JobPreempted`` its stop). Equal times run in the order they were scheduled.
 
 A requeued job resumes from its last checkpoint when the trace gives ``checkpoint_every``, else from
-scratch; the work between that checkpoint and the stop is the work lost. Finished jobs are dropped at
-once, so memory follows the jobs alive at a time, not the length of the trace.
+scratch; the work between that checkpoint and the stop is the work lost. A configuration whose victim
+order is S12's ``leastLostWork`` also tells the core what the node agent would: each attempt's start
+(a RUNNING report) and each checkpoint (a RUNNING report with ``checkpoint_at``), so that the core
+picks the victims that lose the least; without it the core needs neither and gets neither. Finished
+jobs are dropped at once, so memory follows the jobs alive at a time, not the length of the trace.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.core import ClusterState, step
+from gpuquota.core.checkpoints import LEAST_LOST_WORK
 from gpuquota.core.context import construct
 from gpuquota.ctl.api import CliError
 from gpuquota.sim.config import Configuration
@@ -37,7 +41,7 @@ from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobSpec
 
-END, STOP = 1, 2
+END, STOP, RUN, CHECKPOINT = 1, 2, 3, 4
 HEARTBEAT_TIMEOUT_MS = 2**62
 """Virtual nodes never miss a heartbeat (the engine sends no ticks)."""
 Progress = Callable[[int, int], None]
@@ -126,6 +130,7 @@ class Replay:
         self.samples = Sampler(len(self.shares))
         self.decisions: list[Decision] | None = [] if self.record_decisions else None
         self.queue = self.config.queue.name
+        self.report_checkpoints = self.config.victim_order() == LEAST_LOST_WORK
         self._on_event: dict[type[Any], Callable[[Any], None]] = {
             ev.JobDispatched: self._dispatched,
             ev.JobPreempted: self._preempted,
@@ -243,7 +248,12 @@ class Replay:
 
     def _report(self, job_id: str, job: SimJob, kind: int) -> None:
         fields: dict[str, Any] = {"node_id": job.node_id, "job_id": job_id, "attempt_id": job.attempt_id}
-        if kind == STOP:
+        if kind in (RUN, CHECKPOINT):
+            fields["status"] = "RUNNING"
+            if kind == CHECKPOINT:
+                fields["checkpoint_at"] = self.now
+                self._next_checkpoint(job, job_id)
+        elif kind == STOP:
             fields["status"] = "STOPPED"
         else:
             fields["status"] = "SUCCEEDED" if job.exit_code == 0 else "FAILED"
@@ -271,8 +281,20 @@ class Replay:
             self.counters[job.index].waits.add((self.now - job.submitted) / 1000)
         self._use(job, job.count)
         self._push(self.now + job.remaining_ms, END, event.job_id, event.attempt_id)
+        if self.report_checkpoints:
+            self._push(self.now, RUN, event.job_id, event.attempt_id)
+            self._next_checkpoint(job, event.job_id)
         if self.decisions is not None:
             self.decisions.append(("dispatch", event.job_id))
+
+    def _next_checkpoint(self, job: SimJob, job_id: str) -> None:
+        """S12: the attempt's next checkpoint, if it comes before the attempt's end."""
+        if job.checkpoint_ms is None:
+            return
+        done = self.now - job.started
+        at = job.started + (done // job.checkpoint_ms + 1) * job.checkpoint_ms
+        if at < job.started + job.remaining_ms:
+            self._push(at, CHECKPOINT, job_id, job.attempt_id)
 
     def _preempted(self, event: ev.JobPreempted) -> None:
         self.counters[self.jobs[event.job_id].index].preemptions += 1

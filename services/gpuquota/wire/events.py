@@ -169,6 +169,20 @@ class JobPreempted(Message):
     figures: PreemptionFigures
     victim_runtime_ms: int = 0
     """S10.3: how long the victim's attempt had been RUNNING (0 if it had not started)."""
+    lost_ms: int = 0
+    """S12: the work the victim loses, per instance: since its last checkpoint in this attempt, or since
+    it started RUNNING without one (0 if it had not started)."""
+    lost_gpus: int = 0
+    """S12: the GPUs the victim's attempt held (one per instance whose slot lists none)."""
+
+
+class AttemptCheckpointed(Message):
+    """S12: a node reported a newer checkpoint of the job's current attempt."""
+
+    type: Literal["AttemptCheckpointed"] = "AttemptCheckpointed"
+    job_id: str
+    attempt_id: str
+    checkpoint_at: int
 
 
 StopCause = Literal["TERMINATED", "TIMEOUT", "SHARE_DELETED", "INSTANCE_FAILED"]
@@ -343,6 +357,7 @@ SchedulerEvent = Annotated[
     | JobStopRequested
     | AttemptPartEnded
     | AttemptOutputsRecorded
+    | AttemptCheckpointed
     | JobPriorityChanged
     | JobTagsChanged
     | JobBlocked

@@ -124,6 +124,9 @@ class NodeAttempt(Frozen):
     status: AttemptStatus
     exit_code: int | None = None
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
+    checkpoint_at: int | None = None
+    """When the attempt last checkpointed (epoch ms; S12): the newest file of its checkpoint directory,
+    or its last completed upload to ``CheckpointConfig.S3Uri``. ``None``: no checkpoint seen."""
 
 
 class TagJob(Input):
@@ -198,6 +201,8 @@ class AttemptReport(Input):
     status_reason: Annotated[str, Field(max_length=1024)] | None = None
     outputs: tuple[InstanceOutput, ...] = ()
     """Final reports: the directories of the node's instances of the attempt (I6; none: nothing kept)."""
+    checkpoint_at: int | None = None
+    """As in ``NodeAttempt``: when the attempt last checkpointed (S12)."""
 
 
 class Tick(Input):

@@ -12,6 +12,7 @@ from gpuquota.core.evolve import handled_event_types
 from gpuquota.wire.events import EVENT_ADAPTER, SchedulerEvent
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
 from tests.builders import Harness
+from tests.unit.core.test_checkpoints import played_with_checkpoints
 from tests.unit.core.test_gangs import played_with_outputs
 from tests.unit.core.test_scenarios import CASES
 
@@ -40,7 +41,7 @@ def played() -> list[Harness]:
             for action in round_.actions:
                 action(h)
         harnesses.append(h)
-    return [*harnesses, played_with_outputs()]
+    return [*harnesses, played_with_outputs(), played_with_checkpoints()]
 
 
 def test_scenarios_produce_every_event_type(played: list[Harness]) -> None:

@@ -191,12 +191,19 @@ function explanation(job) {
   return `<p class="message">${esc(job.statusReason || job.status)}</p>`;
 }
 
+// S12: the work a preemption threw away, since the attempt's last checkpoint (its start without one).
+function lostWork(lost) {
+  if (!lost) return "-";
+  return `${Math.round(lost.seconds)} s &times; ${lost.gpus} GPUs = ${Math.round(lost.gpuSeconds)} GPU-s`;
+}
+
 function preemptions(job) {
   if (!job.preemptions.length) return "<p>Never preempted.</p>";
-  let html = `<table class="preemptions"><tr><th>When</th><th>Kind</th><th>By</th><th>Reason</th></tr>`;
+  let html = `<table class="preemptions"><tr><th>When</th><th>Kind</th><th>By</th><th>Reason</th><th>Lost work</th></tr>`;
   for (const p of job.preemptions) {
     html += `<tr><td>${time(p.decidedAt)}</td><td class="kind">${esc(p.kind)}</td>
-      <td>${esc(p.preemptorJobName || p.preemptorJobId)} (${esc(p.preemptorQuotaShareName)})</td><td>${esc(p.statusReason)}</td></tr>`;
+      <td>${esc(p.preemptorJobName || p.preemptorJobId)} (${esc(p.preemptorQuotaShareName)})</td><td>${esc(p.statusReason)}</td>
+      <td class="lost">${lostWork(p.lostWork)}</td></tr>`;
   }
   return html + "</table>";
 }
