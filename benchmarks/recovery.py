@@ -6,8 +6,9 @@ started with ``deploy/local/postgres.sh``), then recovers it in a fresh child pr
 reports that child's peak RSS. The log is a busy pool's: 8 nodes of 32 slots, jobs submitted in
 batches of ``BATCH`` and each dispatched job reported SUCCEEDED in the next batch, so nearly every job
 has finished (accepted, dispatched, succeeded) and the scheduler's state stays small while the read
-model holds every job. The entries are stepped through the core and appended with ``append_many``,
-as the scheduler's loop does, without its transport.
+model holds every job (``--queued``: no node registers, so every job stays queued, as in
+``benchmarks.pipeline --recovery``, and the state holds them all). The entries are stepped through
+the core and appended with ``append_many``, as the scheduler's loop does, without its transport.
 
 Readers, each in its own process, the whole log with no snapshot:
 
@@ -63,11 +64,11 @@ async def open_store(kind: str, where: str) -> EventStore:
 # ----- the log ---------------------------------------------------------------------------------------
 
 
-async def populate(store: EventStore, events: int) -> tuple[int, int]:
-    """A busy pool's log of at least ``events`` events; (events, inputs) written."""
+async def populate(store: EventStore, events: int, queued: bool = False) -> tuple[int, int]:
+    """A busy pool's log of at least ``events`` events (``queued``: no node); (events, inputs) written."""
     state, seq, written, at = ClusterState(heartbeat_timeout_ms=10**12), 0, 0, 1_700_000_000_000
     done: list[SchedulerInput] = []
-    pending: list[SchedulerInput] = list(setup_inputs("r", register_nodes=True))
+    pending: list[SchedulerInput] = list(setup_inputs("r", register_nodes=not queued))
     index = 0
     while written < events:
         pending.extend(submission("r", index + i, at) for i in range(BATCH))
@@ -149,28 +150,31 @@ def _child(kind: str, where: str, reader: str) -> dict[str, Any]:
 # ----- the run -------------------------------------------------------------------------------------
 
 
-async def run(kind: str, events: int, readers: tuple[str, ...]) -> dict[str, Any]:
+async def run(kind: str, events: int, readers: tuple[str, ...], queued: bool) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="gpuquota-bench-recovery."))
     try:
         if kind == "sqlite":
-            return await _measure(kind, str(workdir / "log.db"), events, readers)
+            return await _measure(kind, str(workdir / "log.db"), events, readers, queued)
         async with infrastructure(need_kafka=False) as (_, database):
-            return await _measure(kind, database, events, readers)
+            return await _measure(kind, database, events, readers, queued)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _measure(kind: str, where: str, events: int, readers: tuple[str, ...]) -> dict[str, Any]:
+async def _measure(
+    kind: str, where: str, events: int, readers: tuple[str, ...], queued: bool
+) -> dict[str, Any]:
     store = await open_store(kind, where)
     if kind == "postgres":
         await _empty(store)
     began = time.monotonic()
     try:
-        written, inputs = await populate(store, events)
+        written, inputs = await populate(store, events, queued)
     finally:
         await store.close()
     result: dict[str, Any] = {
         "store": kind,
+        "queued": queued,
         "events": written,
         "inputs": inputs,
         "populate_seconds": round(time.monotonic() - began, 1),
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--events", type=int, default=200_000, help="events in the log (default 200000)")
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--queued", action="store_true", help="no node: every job stays queued")
     parser.add_argument("--reader", choices=READERS, action="append", help="only these readers (repeatable)")
     parser.add_argument("--child", choices=READERS, help=argparse.SUPPRESS)
     parser.add_argument("where", nargs="?", help=argparse.SUPPRESS)
@@ -204,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         print(json.dumps(asyncio.run(read_back(args.store, args.where, args.child))))
         return 0
-    result = asyncio.run(run(args.store, args.events, tuple(args.reader or READERS)))
+    result = asyncio.run(run(args.store, args.events, tuple(args.reader or READERS), args.queued))
     print_result(result, args.json)
     return 0
 
