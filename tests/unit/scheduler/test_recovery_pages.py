@@ -1,7 +1,7 @@
 """Recovery streams the log: ``fold_log`` reads it in pages, ``load_pool`` republishes page by page.
 
-A pool loaded from its whole log must not hold the whole log (``benchmarks.recovery``: 885 MB for
-200,000 events when the tail's effects were collected until the end). These tests fail if the store
+A pool loaded from its whole log must not hold the whole log (``benchmarks.recovery``: 4.1 GB for
+1,000,000 events when the tail's effects were collected until the end). These tests fail if the store
 is asked for the whole log at once or if the tail is republished in one piece.
 """
 
