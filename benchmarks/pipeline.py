@@ -52,6 +52,12 @@ The measured submissions follow ``--warmup`` seconds (default 10) of the same lo
 are not counted (``warmup_seconds``): a broker compiles its hot paths under its first load, which one
 that has run for a while has done.
 
+``--overload F``: the same run twice, at ``--rate`` (1x: a rate the machine sustains) and at ``F`` times
+it, each on fresh servers, with the admission control given (``--max-backlog``, ``--max-backlog-
+seconds``; none: the backlog absorbs everything). Prints ``offered_per_s`` and ``decided_per_s``
+(``jobs_per_s``) of both, ``peak_per_s`` (the higher), ``ratio`` (the overloaded run's over the
+peak: the target is at least 0.95), ``refused`` of both, and each run's whole result (``runs``).
+
 ``--recovery EVENTS``: decides about ``EVENTS`` submissions into a pool's log through the scheduler's
 ``Pipeline`` (no Kafka; in batches of ``POPULATE_BATCH`` records, as the agent hands them over), then
 times how long a fresh ``Pipeline`` takes to load the pool from the latest snapshot plus the log tail
@@ -329,6 +335,24 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[min(998, int(q * 1000) - 1)]
 
 
+async def overload(factor: float, rate: float, admission: Admission | None, **run: Any) -> dict[str, Any]:
+    """``throughput`` at ``rate`` and at ``factor`` times it: what the overload costs (module doc)."""
+    runs = []
+    for offered in (rate, rate * factor):
+        fresh = None if admission is None else Admission(admission.max_backlog, admission.max_seconds)
+        runs.append(await throughput(offered, admission=fresh, **run))
+    decided = [result["jobs_per_s"] for result in runs]
+    return {
+        "offered_per_s": [result["rate"] for result in runs],
+        "decided_per_s": decided,
+        "peak_per_s": max(decided),
+        "ratio": round(decided[-1] / max(max(decided), 1e-9), 3),
+        "refused": [result["refused"] for result in runs],
+        "lost_jobs": [result["lost_jobs"] for result in runs],
+        "runs": runs,
+    }
+
+
 # ----- recovery ----------------------------------------------------------------------------------
 
 
@@ -422,18 +446,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-backlog", type=int, default=0, metavar="N", help=backlog)
     age = "admission control: longest wait of the oldest undecided submission (default 0: none)"
     parser.add_argument("--max-backlog-seconds", type=float, default=0.0, metavar="S", help=age)
+    factor = "run at --rate, then at F times it: what an overload costs (see above)"
+    parser.add_argument("--overload", type=float, metavar="F", help=factor)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     bounded = args.max_backlog or args.max_backlog_seconds
     admission = Admission(args.max_backlog, args.max_backlog_seconds) if bounded else None
+    run = {
+        "seconds": args.seconds, "drain": args.drain, "windows": args.windows, "warmup": args.warmup,
+        "slots_per_node": args.slots_per_node,
+    }  # fmt: skip
     if args.recovery is not None:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
+    elif args.overload is not None:
+        result = asyncio.run(overload(args.overload, args.rate, admission, **run))
     else:
-        result = asyncio.run(
-            throughput(
-                args.rate, args.seconds, args.drain, args.windows, args.warmup, args.slots_per_node, admission
-            )
-        )
+        result = asyncio.run(throughput(args.rate, admission=admission, **run))
     print_result(result, args.json)
     return 0
 
