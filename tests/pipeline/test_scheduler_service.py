@@ -17,7 +17,7 @@ import pytest
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import KafkaTopics, partition_for
 from gpuquota.core import fingerprint, replay
-from gpuquota.scheduler import pools as scheduler_pools
+from gpuquota.scheduler import pacing as scheduler_pacing
 from gpuquota.scheduler.faust_app import SchedulerService
 from gpuquota.wire import events as ev
 from gpuquota.wire.inputs import SchedulerInput
@@ -153,7 +153,7 @@ async def test_restart_recovers_from_snapshot_and_tail(
 ) -> None:
     # Snapshot pacing (a dump that took long defers the next one) would make the snapshot positions
     # depend on the machine's load; this test is about recovery from a snapshot at a known position.
-    monkeypatch.setattr(scheduler_pools, "_CHEAP_DUMP_SECONDS", 3600.0)
+    monkeypatch.setattr(scheduler_pacing, "_CHEAP_DUMP_SECONDS", 3600.0)
     inputs = scenario(run_id, jobs=4)  # 11 inputs: snapshots at 4 and 8, a tail of 3
     config = scheduler_config(kafka_bootstrap, database_url, topics, pool, tmp_path, snapshot_every=4)
     first = SchedulerService(config)

@@ -41,10 +41,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuquota.adapters.event_store import DuplicateInput, Position, Snapshot, StaleWriter
+from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, Snapshot, StaleWriter
 from gpuquota.clock import Clock
-from gpuquota.scheduler.loop import Appender, LoopFailed, StepBatch, answers
-from gpuquota.scheduler.pools import PoolRuntime, SnapshotPacing
+from gpuquota.scheduler.loop import Appender, LoopFailed, RetryPolicy, StepBatch, answers
+from gpuquota.scheduler.pacing import Snapshots
+from gpuquota.scheduler.pools import PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher
 from gpuquota.wire.inputs import SchedulerInput
 
@@ -120,9 +121,13 @@ async def gathered(
     return outcomes
 
 
-class BatchFlight(SnapshotPacing):
+class BatchFlight:
     """Stepping, recording and settling a pool's batches (a part of ``Pipeline``)."""
 
+    store: EventStore
+    retry: RetryPolicy
+    stats: Stats
+    snapshots: Snapshots
     appender: Appender
     publisher: RecordPublisher
     clock: Clock
@@ -269,8 +274,8 @@ class BatchFlight(SnapshotPacing):
                 if not batch.step(state, item, item.message, item.position):
                     continue  # quiet: not recorded
                 since += 1
-                if self._snapshot_due(runtime, since):  # at its exact sequence, as one at a time would
-                    snapshot = self._dump(runtime, seq + len(entries))
+                if self.snapshots.due(runtime, since):  # at its exact sequence, as one at a time would
+                    snapshot = self.snapshots.dump(runtime, seq + len(entries))
                     since = 0
         except BaseException:
             self.drop(runtime.pool)  # the state is ahead of the log
@@ -306,7 +311,7 @@ class BatchFlight(SnapshotPacing):
         self.stats.decided += len(batch.recorded)
         self.stats.batches += 1 if batch.entries else 0
         if stepped.snapshot is not None:
-            self._snapshot(runtime, stepped.snapshot)
+            self.snapshots.save(runtime, stepped.snapshot)
 
     async def _mark_recorded(
         self, pool: str, items: list[Item], done: dict[int, Outcome], exc: DuplicateInput

@@ -47,7 +47,7 @@ batch: the second is a duplicate) are decided one after another on the live stat
 with their positions by ONE ``append_many`` (one transaction, one round trip), and only then published,
 all in decision order; the agent acks the records afterwards. A snapshot due inside a batch is taken at
 its exact sequence (the state is dumped between inputs) and saved after the batch's publications are
-acknowledged; dumping a large state is paced (``_dump``). The state runs ahead of the log until the
+acknowledged; dumping a large state is paced (``scheduler.pacing``). The state runs ahead of the log until the
 append commits, so any failure of the append drops the pool's state: ``DuplicateInput`` (an input of the
 batch was recorded before: ``recorded_inputs`` names every such input, they are skipped) and
 ``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as above;
@@ -67,7 +67,6 @@ must first read the heartbeats queued meanwhile before it may declare nodes lost
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -86,6 +85,7 @@ from gpuquota.scheduler.loop import (
     answers,
     decide_one,
 )
+from gpuquota.scheduler.pacing import Snapshots
 from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
@@ -137,8 +137,6 @@ class Pipeline(BatchFlight):
         self.store = store
         self.publisher = publisher
         self.default_pool = settings.default_pool
-        self.snapshot_every = max(1, settings.snapshot_every)
-        self.snapshot_cpu_share = min(1.0, max(0.001, settings.snapshot_cpu_share))
         self.heartbeat_timeout_ms = timeout_ms = settings.heartbeat_timeout_ms
         grace = settings.tick_grace_seconds
         self.tick_grace_seconds = timeout_ms / 1000 if grace is None else grace
@@ -155,9 +153,15 @@ class Pipeline(BatchFlight):
         self.owns = owns
         self.runtimes: dict[str, PoolRuntime] = {}
         self.stats = Stats()
+        self.snapshots = Snapshots(
+            store,
+            self.retry,
+            self.stats,
+            every=settings.snapshot_every,
+            cpu_share=settings.snapshot_cpu_share,
+        )
         self._loading: dict[str, asyncio.Lock] = {}
         self._partitions: dict[str, TopicPartition] = {}
-        self._background: set[asyncio.Task[None]] = set()
         self._tails: dict[str, Tail] = {}
         self._failure: BaseException | None = None
         self._recorded: dict[str, int] = {}
@@ -292,8 +296,8 @@ class Pipeline(BatchFlight):
         runtime.inflight.extend(self._watch(await one.effects.publish(self.publisher)))
         self.stats.decided += 1
         runtime.since_snapshot += 1
-        if self._snapshot_due(runtime, runtime.since_snapshot):
-            self._snapshot(runtime)
+        if self.snapshots.due(runtime, runtime.since_snapshot):
+            self.snapshots.save(runtime)
         return Outcome.DECIDED
 
     def _recorded_to(self, pool: str, seq: int) -> None:
@@ -351,8 +355,7 @@ class Pipeline(BatchFlight):
             await asyncio.wait(pending)
         for runtime in list(self.runtimes.values()):
             await asyncio.gather(*runtime.inflight, return_exceptions=True)
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.snapshots.flush()
         self._check()
 
     async def close(self) -> None:
@@ -360,8 +363,4 @@ class Pipeline(BatchFlight):
         for tail in tails:
             tail.cancel()
         await asyncio.gather(*tails, return_exceptions=True)
-        for task in list(self._background):
-            task.cancel()
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.snapshots.close()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuquota.scheduler import pools
+from gpuquota.scheduler import pacing
 
 
 @pytest.fixture(autouse=True)
 def unpaced_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pools, "_CHEAP_DUMP_SECONDS", float("inf"))
+    monkeypatch.setattr(pacing, "_CHEAP_DUMP_SECONDS", float("inf"))
