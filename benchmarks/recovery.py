@@ -126,7 +126,7 @@ async def _read_model(kind: str, store: EventStore) -> tuple[ClusterState, int]:
         shell = SchedulerShell(store, pool=POOL)
         await shell.recover()
         return shell.state, len(shell.read_model.jobs)
-    from gpuquota.gateway.kafka_port import LogProjector
+    from gpuquota.gateway.log_tail import LogProjector
     from gpuquota.readmodel import ReadModel
 
     projector = LogProjector(store, ReadModel(), POOL)

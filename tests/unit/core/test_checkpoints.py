@@ -36,7 +36,9 @@ def test_aws_order_by_default_takes_the_most_recently_dispatched() -> None:
     h.submit(job("b1").share("B"))
     (victim,) = preempted(h)
     assert victim.job_id == "a2"
-    assert victim.lost_ms == h.now - h.state.jobs["a2"].started_at  # no checkpoint: since its start
+    started_at = h.state.jobs["a2"].started_at
+    assert started_at is not None
+    assert victim.lost_ms == h.now - started_at  # no checkpoint: since its start
     assert victim.lost_gpus == 1
 
 
