@@ -165,7 +165,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpuquota.ctl.commands import add_global
+    from gpuquota.ctl.options import add_global
 
     parser = argparse.ArgumentParser(prog="gpuquota", description="Self-hosted GPU job scheduler.")
     parser.add_argument("--version", action="version", version=f"gpuquota {__version__}")
