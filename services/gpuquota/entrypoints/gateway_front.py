@@ -12,7 +12,7 @@ from gpuquota.gateway import Gateway
 from gpuquota.gateway.browser_guard import BrowserGuard, BrowserPolicy
 from gpuquota.httpserver import HttpServer
 from gpuquota.readmodel import ReadModel
-from gpuquota.sim.estimate import estimating_explainer
+from gpuquota.sim.explainer import EstimatingExplainer
 
 
 class GatewayFront:
@@ -30,7 +30,7 @@ class GatewayFront:
     ) -> None:
         self.server = HttpServer(host, port)
         self.guard = BrowserGuard(host, browser)
-        self.explainer = estimating_explainer(state, read_model, clock)
+        self.explainer = EstimatingExplainer(state, read_model, clock)
 
     async def serve(self, gateway: Gateway) -> int:
         """Keep the estimates ahead and listen; the port it listens on."""
