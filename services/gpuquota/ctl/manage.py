@@ -111,7 +111,6 @@ def _say(
 
 
 def configure_queues(parser: argparse.ArgumentParser) -> None:
-
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
     listing = sub.add_parser("list", help="list job queues (the default)")
     actions = []
