@@ -12,8 +12,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/nu
 DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # mypy needs at least one .py file per directory argument; skip empty ones.
-MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
-LINT_PATHS := $(wildcard services tests benchmarks)
+MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks .ci),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
+LINT_PATHS := $(wildcard services tests benchmarks .ci)
 
 .PHONY: help install native test lint demo kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
@@ -26,7 +26,8 @@ help:
 	@echo "make test          start Kafka + PostgreSQL unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL are set,"
 	@echo "                   run pytest (PYTEST_ARGS=...), tear down what was started; then the core's tests"
 	@echo "                   again on the Python core (GPUQUOTA_PURE_PYTHON=1)"
-	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
+	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, import cycles,"
+	@echo "                   schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo); installs only the package"
 	@echo "                   and its runtime dependencies when .venv lacks them (no test tools, no podman)"
 	@echo "make kafka-start   start a local broker (deploy/local/kafka.sh); kafka-stop / kafka-status"
@@ -65,6 +66,7 @@ lint: install
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy --strict $(MYPY_PATHS)
 	$(BIN)/lint-imports
+	$(BIN)/python .ci/import_cycles.py
 	@if test -f services/gpuquota/wire/export.py; then \
 		echo "$(BIN)/python -m gpuquota.wire.export --check"; \
 		$(BIN)/python -m gpuquota.wire.export --check; \
