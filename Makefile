@@ -12,8 +12,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/nu
 DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # mypy needs at least one .py file per directory argument; skip empty ones.
-MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
-LINT_PATHS := $(wildcard services tests benchmarks)
+MYPY_PATHS := services/gpuquota $(foreach d,$(wildcard tests benchmarks .ci),$(if $(shell find $(d) -name '*.py' -print -quit),$(d)))
+LINT_PATHS := $(wildcard services tests benchmarks .ci)
 
 .PHONY: help install native test lint demo images compose-up compose-down kafka-start kafka-stop kafka-status postgres-start postgres-stop clean
 
@@ -27,7 +27,8 @@ help:
 	@echo "                   DATABASE_URL are set, and podman's Docker API; run pytest (PYTEST_ARGS=...),"
 	@echo "                   tear down what was started; then the core's tests again on the Python core"
 	@echo "                   (GPUQUOTA_PURE_PYTHON=1)"
-	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, schema drift"
+	@echo "make lint          ruff check, ruff format --check, mypy --strict, lint-imports, import cycles,"
+	@echo "                   schema drift"
 	@echo "make demo          run the end-to-end demo (.venv/bin/gpuquota demo); installs only the package"
 	@echo "                   and its runtime dependencies when .venv lacks them (no test tools, no podman)"
 	@echo "make images        build every image (base, gpuquota:dev, Kafka, PostgreSQL, python) from Debian's packages"
@@ -69,6 +70,7 @@ lint: install
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy --strict $(MYPY_PATHS)
 	$(BIN)/lint-imports
+	$(BIN)/python .ci/import_cycles.py
 	@if test -f services/gpuquota/wire/export.py; then \
 		echo "$(BIN)/python -m gpuquota.wire.export --check"; \
 		$(BIN)/python -m gpuquota.wire.export --check; \

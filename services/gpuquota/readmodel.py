@@ -26,7 +26,7 @@ from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
 from gpuquota.nodeview import NodeTable
-from gpuquota.observe.metrics import EventTally
+from gpuquota.tally import EventTally
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import (
     JobQueueSpec,
@@ -153,7 +153,7 @@ class ReadModel:
         """SubmitServiceJob ``clientToken`` -> (fingerprint of the request, job id)."""
         self.last_event_at = 0
         self.tally = EventTally()
-        """Counters of the applied events (Prometheus, ``gpuquota.observe.metrics``)."""
+        """Counters of the applied events (Prometheus, ``gpuquota.tally``)."""
         self.nodes = NodeTable()
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
         self.head_since: dict[ShareKey, tuple[str, int]] = {}

@@ -12,7 +12,8 @@ from typing import Any
 from gpuquota.core import ClusterState, fingerprint, step
 from gpuquota.readmodel import ReadModel
 from gpuquota.sim.config import load_configuration
-from gpuquota.sim.estimate import estimate, estimating_explainer
+from gpuquota.sim.estimate import estimate
+from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobSpec
 
@@ -92,7 +93,7 @@ def test_without_timeouts_there_is_no_latest_start() -> None:
 def test_only_waiting_jobs_get_an_estimate() -> None:
     c = cluster(timeout=None)
     assert estimate(c.state, c.read_model, "r1", now=70_000) is None
-    explainer = estimating_explainer(lambda: c.state, c.read_model, lambda: 70_000)
+    explainer = EstimatingExplainer(lambda: c.state, c.read_model, lambda: 70_000)
     running, waiting = explainer("r1"), explainer("r2")
     assert running is not None and running.estimate is None
     assert waiting is not None and waiting.estimate is not None
@@ -141,7 +142,7 @@ def test_a_failing_estimate_leaves_the_explanation(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(BackgroundEstimator, "estimate", broken)
     c = cluster(timeout=None)
-    found = estimating_explainer(lambda: c.state, c.read_model, lambda: 70_000)("r2")
+    found = EstimatingExplainer(lambda: c.state, c.read_model, lambda: 70_000)("r2")
     assert found is not None and found.reason == "WAITING_FOR_OWN_QUOTA" and found.estimate is None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import gpuquota.sim.estimate as estimate_module
 from gpuquota.sim import background
-from gpuquota.sim.estimate import estimating_explainer
+from gpuquota.sim.explainer import EstimatingExplainer
 from tests.sim.test_estimate import cluster
 
 
@@ -53,7 +53,7 @@ def test_a_finished_run_of_an_older_version_answers_with_its_age(monkeypatch: An
 def test_the_explainer_keeps_the_sweeps_ahead_once_asked() -> None:
     c = cluster(timeout=300)
     now = [70_000]
-    explainer = estimating_explainer(lambda: c.state, c.read_model, lambda: now[0])
+    explainer = EstimatingExplainer(lambda: c.state, c.read_model, lambda: now[0])
     explainer.refresh()
     assert explainer.estimator.current is None  # nobody has asked: no sweep
 

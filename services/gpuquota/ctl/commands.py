@@ -21,30 +21,13 @@ from gpuquota.ctl.manage import configure_queues as configure_queues  # re-expor
 from gpuquota.ctl.manage import queues_command as queues_command
 from gpuquota.ctl.nodes import configure_nodes as configure_nodes  # re-exported: `gpuquota nodes`
 from gpuquota.ctl.nodes import nodes_command as nodes_command
+from gpuquota.ctl.options import add_common
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.submit import configure_logs, configure_submit, logs_command, submit_command
 from gpuquota.ctl.watch import add_watch
 
 JOB_STATUSES = ("SUBMITTED", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 DEFAULT_TERMINATE_REASON = "Terminated by gpuquota jobs terminate"
-
-
-ENDPOINT_HELP = "gateway URL (default $GPUQUOTA_ENDPOINT or http://127.0.0.1:8642)"
-OUTPUT_HELP = "output format (default table)"
-
-
-def add_global(parser: argparse.ArgumentParser) -> None:
-    """``--endpoint`` and ``--output`` on the top-level parser: ``gpuquota -o json shares`` works."""
-    parser.add_argument("--endpoint", default=None, help=ENDPOINT_HELP)
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help=OUTPUT_HELP)
-
-
-def add_common(parser: argparse.ArgumentParser) -> None:
-    """The same options after the subcommand; ``SUPPRESS`` keeps a value given before it."""
-    parser.add_argument("--endpoint", default=argparse.SUPPRESS, help=ENDPOINT_HELP)
-    parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default=argparse.SUPPRESS, help=OUTPUT_HELP
-    )
 
 
 def run(command: Callable[[Api, argparse.Namespace, Style], int], args: argparse.Namespace) -> int:

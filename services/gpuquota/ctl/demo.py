@@ -23,16 +23,14 @@ The scenario itself (resources, job, steps and their expected states) is data in
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
@@ -62,36 +60,18 @@ POLL_SECONDS = 0.1
 # ----- the run -------------------------------------------------------------------------------------
 
 
-class BackgroundStack:
-    """An embedded stack on a free port, in a thread with its own event loop."""
-
-    def __init__(self, data_dir: Path, runtime: str, nodes: str = f"{G5}=3") -> None:
-        from gpuquota.entrypoints.embedded import EmbeddedStack
-        from gpuquota.observe.startup import new_event_loop
-
-        self.loop = new_event_loop()  # the services' (uvloop's), as gpuquota up runs
-        self.thread = threading.Thread(target=self.loop.run_forever, name="gpuquota-demo-stack", daemon=True)
-        self.thread.start()
-        self.stack = EmbeddedStack(data_dir, port=0, nodes=nodes, runtime=runtime, preemption_grace=10.0)
-        try:
-            asyncio.run_coroutine_threadsafe(self.stack.start(), self.loop).result(60)
-        except BaseException:
-            self.close()
-            raise
+class Stack(Protocol):
+    """A stack the demo drives: the CLI starts an embedded one (``entrypoints.demo_stack``), so that
+    this module, a client of the gateway, imports no server."""
 
     @property
-    def url(self) -> str:
-        return self.stack.url
+    def url(self) -> str: ...
 
-    def close(self) -> None:
-        if self.loop.is_closed():
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self.stack.stop(), self.loop).result(60)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
+    def close(self) -> None: ...
+
+
+StartStack = Callable[[Path, str], Stack]
+"""(data directory, runtime) -> a running stack on a free port."""
 
 
 @dataclass
@@ -334,14 +314,14 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace, start_stack: StartStack) -> int:
     if args.sdk:
         from gpuquota.ctl.demo_sdk import run_sdk_demo
 
         return run_sdk_demo(args)
     style = Style.for_stream(sys.stdout)
     out_dir = Path(args.output_dir)
-    stack: BackgroundStack | None = None
+    stack: Stack | None = None
     temp: tempfile.TemporaryDirectory[str] | None = None
     api: Api | None = None
     demo: Demo | None = None
@@ -362,7 +342,7 @@ def run_demo(args: argparse.Namespace) -> int:
             temp = tempfile.TemporaryDirectory(prefix="gpuquota-demo-")
             image = build_demo_image() if args.runtime == "container" else None
             try:
-                stack = BackgroundStack(Path(temp.name), args.runtime)
+                stack = start_stack(Path(temp.name), args.runtime)
             except (OSError, ValueError) as exc:
                 raise CliError(f"cannot start the embedded stack: {exc}") from None
             endpoint, python = stack.url, sys.executable
@@ -411,7 +391,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def _cleanup(
     demo: Demo | None,
     api: Api | None,
-    stack: BackgroundStack | None,
+    stack: Stack | None,
     temp: tempfile.TemporaryDirectory[str] | None,
 ) -> None:
     """Terminate the demo's jobs and wait until they are stopped (no process outlives the demo)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
+from gpuquota.ctl.options import add_common
 from gpuquota.ctl.render import Style
 
 STATE_COLOURS = {"ENABLED": "green", "DISABLED": "yellow"}
@@ -110,8 +111,6 @@ def _say(
 
 
 def configure_queues(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.ctl.commands import add_common
-
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
     listing = sub.add_parser("list", help="list job queues (the default)")
     actions = []

@@ -14,13 +14,13 @@ from typing import Any
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api
+from gpuquota.ctl.options import add_common
 from gpuquota.ctl.render import Style
 
 STATE_COLOURS = {"READY": "green", "DRAINING": "yellow", "LOST": "red"}
 
 
 def configure_nodes(parser: argparse.ArgumentParser) -> None:
-    from gpuquota.ctl.commands import add_common
     from gpuquota.ctl.watch import add_watch
 
     sub = parser.add_subparsers(dest="nodes_command", metavar="SUBCOMMAND")

@@ -67,6 +67,13 @@ def _scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None, help=help_text)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from gpuquota.ctl.demo import run_demo
+    from gpuquota.entrypoints.demo_stack import BackgroundStack
+
+    return run_demo(args, BackgroundStack)
+
+
 def _imported(module: str, name: str) -> Callable[[Any], Any]:
     """``module.name``, imported when called: ``gpuquota --help`` and each command import only what
     they use."""
@@ -115,7 +122,7 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     ),
     "demo": (
         "run the worked example (S8) end to end and draw its timeline",
-        _imported("gpuquota.ctl.demo", "run_demo"),
+        _demo,
     ),
     "apply": ("create or update policy, environment, queue and quota shares from YAML", _client("apply")),
     "jobs": ("submit, list, describe, reprioritise or terminate jobs; read their logs", _client("jobs")),
@@ -158,7 +165,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpuquota.ctl.commands import add_global
+    from gpuquota.ctl.options import add_global
 
     parser = argparse.ArgumentParser(prog="gpuquota", description="Self-hosted GPU job scheduler.")
     parser.add_argument("--version", action="version", version=f"gpuquota {__version__}")

@@ -19,7 +19,8 @@ from gpuquota.gateway.dry_run import ImpactRoute
 from gpuquota.httpserver import HttpServer
 from gpuquota.readmodel import ReadModel
 from gpuquota.sim.background import pickled
-from gpuquota.sim.estimate import EndOf, estimating_explainer, likely_end, observed_medians
+from gpuquota.sim.estimate import EndOf, likely_end, observed_medians
+from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.sim.impact import impact
 from gpuquota.wire.inputs import SchedulerInput
 
@@ -42,7 +43,7 @@ class GatewayFront:
         self.state = state
         self.read_model = read_model
         self.clock = clock
-        self.explainer = estimating_explainer(state, read_model, clock)
+        self.explainer = EstimatingExplainer(state, read_model, clock)
 
     async def plan(self, inputs: list[SchedulerInput]) -> dict[str, Any]:
         """What ``inputs`` would do: the state is copied here, on the thread that owns it, and the

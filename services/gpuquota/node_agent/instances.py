@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuquota.node_agent.runtime import AttemptHandle, LaunchSpec, Outcome, Trace
+from gpuquota.node_agent.launch import AttemptHandle, LaunchSpec, Outcome, Trace
 
 #: torchrun's default rendezvous port; containers each have their own network namespace
 CONTAINER_MASTER_PORT = 29500

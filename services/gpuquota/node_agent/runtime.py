@@ -1,4 +1,4 @@
-"""How attempts run: the :class:`Runtime` protocol, the ``process`` and ``simulated`` runtimes (I3).
+"""How attempts run: the ``process`` and ``simulated`` runtimes (I3) of the contract in ``launch.py``.
 
 Recovery seam: the agent records each attempt (``AdoptRecord``) before it launches it. A restarted agent
 calls ``Runtime.adopt(record)``, which returns a handle on the attempt if it still runs, a handle that
@@ -21,107 +21,22 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from gpuquota.node_agent import children, native_wrapper, procs
-from gpuquota.node_agent.payload import TrainingRequest
+from gpuquota.node_agent import children, instances, native_wrapper, procs
+from gpuquota.node_agent.instances import Instance
 
-if TYPE_CHECKING:  # instances imports this module
-    from gpuquota.node_agent.instances import Instance
-
-Trace = Callable[[str], None]
-
-
-class LaunchError(RuntimeError):
-    """The attempt cannot start; the message is its ``statusReason``."""
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    job_id: str
-    attempt_id: str
-    request: TrainingRequest
-    env: dict[str, str]
-    """Variables the agent adds (GPUs, job id, checkpoint dir, hyperparameters, ``Environment``)."""
-    log_path: Path
-    cwd: Path
-    instance_gpus: tuple[tuple[int, ...], ...] = ()
-    """One entry per instance this node runs (its slot's GPUs); empty: one instance, ``env``'s GPUs."""
-
-    @property
-    def instances_here(self) -> int:
-        return max(1, len(self.instance_gpus))
-
-    exit_path: Path | None = None
-    """Where the runtime records how the attempt ended, for a restarted agent (None: nowhere)."""
-    first_rank: int = 0
-    """The rank of this node's first instance (an attempt spread over several nodes)."""
-    peers: tuple[tuple[str, str], ...] = ()
-    """(host name, node address) of every instance of an attempt spread over several nodes, in rank
-    order; empty: the whole attempt runs on this node."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an attempt's main process ended. ``exit_code`` None: unknown (see ``reason``)."""
-
-    exit_code: int | None
-    signal: int | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class AdoptRecord:
-    """What ``state.json`` remembers of a running attempt, for a restarted agent."""
-
-    runtime: str
-    pid: int | None
-    pgid: int | None
-    start_time: int | None
-    exit_path: str | None = None
-    """``LaunchSpec.exit_path`` of the attempt (of its first instance; the others' are beside it)."""
-    node_id: str = ""
-    job_id: str = ""
-    attempt_id: str = ""
-    """The attempt's id (a runtime may name what it started after it: a container, say)."""
-    members: tuple[tuple[int | None, int | None], ...] = ()
-    """(pid, start time) of every instance's process (multi-instance ``process`` attempts)."""
-    first_rank: int = 0
-    """The rank of the node's first instance (``LaunchSpec.first_rank``)."""
-
-
-class AttemptHandle(Protocol):
-    pid: int | None
-    pgid: int | None
-    start_time: int | None
-
-    async def wait(self) -> Outcome:
-        """Returns when the attempt's main process has exited."""
-        ...
-
-    async def stop(self, grace: float, trace: Trace) -> None:
-        """SIGTERM, ``grace`` seconds, SIGKILL; returns only when nothing of the attempt runs."""
-        ...
-
-    async def reap(self) -> None:
-        """Kills what is left of the attempt after its main process exited; returns when it is gone."""
-        ...
-
-
-class Runtime(Protocol):
-    name: str
-
-    async def launch(self, spec: LaunchSpec) -> AttemptHandle:
-        """Starts the attempt; raises :class:`LaunchError` with a readable reason."""
-        ...
-
-    def adopt(self, record: AdoptRecord) -> AttemptHandle | None:
-        """A handle on an attempt a previous agent started, or None when it no longer runs."""
-        ...
-
+# the runtime contract, re-exported for the modules that import it from here
+from gpuquota.node_agent.launch import AdoptRecord as AdoptRecord
+from gpuquota.node_agent.launch import AttemptHandle as AttemptHandle
+from gpuquota.node_agent.launch import LaunchError as LaunchError
+from gpuquota.node_agent.launch import LaunchSpec as LaunchSpec
+from gpuquota.node_agent.launch import Outcome as Outcome
+from gpuquota.node_agent.launch import Runtime as Runtime
+from gpuquota.node_agent.launch import Trace as Trace
 
 # ----- process runtime -----------------------------------------------------------------------------
 
@@ -271,8 +186,6 @@ class ProcessRuntime:
         self.exit_wrapper = exit_wrapper or native_wrapper.command()
 
     async def launch(self, spec: LaunchSpec) -> AttemptHandle:
-        from gpuquota.node_agent import instances
-
         argv = spec.request.command
         if not argv:  # the process runtime does not run the TrainingImage's own entrypoint
             raise LaunchError(
@@ -310,8 +223,6 @@ class ProcessRuntime:
         self, spec: LaunchSpec, instance: Instance, index: int, master: str, port: int
     ) -> ProcessHandle:
         """Instance ``index``'s process (its directories made first); blocks: runs on a worker thread."""
-        from gpuquota.node_agent import instances
-
         env = {**spec.env, **instances.instance_env(spec, instance, master, port)}
         env |= instances.output_env(spec, instance)
         log = spec.log_path
@@ -381,8 +292,6 @@ class ProcessRuntime:
         return not procs.pid_alive(pid) and procs.group_alive(pid)
 
     def _adopt_group(self, record: AdoptRecord) -> AttemptHandle | None:
-        from gpuquota.node_agent import instances
-
         hosts = [instances.host_name(record.first_rank + i) for i in range(len(record.members))]
         members = [
             self._adopt_one(pid, started, member_exit_path(record.exit_path, hosts[index], index))

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 The gauges (per share and unit, per pool, per node) are not updated on the hot path: a custom collector
 reads the read model and the core's ``ClusterState`` when Prometheus scrapes. The counters are folded
-from the scheduler's events by :class:`EventTally`, which the read model feeds with each event it applies
-(a few dictionary increments per event), so they describe the whole log and are rebuilt with it. Only
+from the scheduler's events by the read model's tally (``gpuquota.tally``), fed with each event it
+applies (a few dictionary increments per event), so they describe the whole log and are rebuilt with it. Only
 what cannot be derived afterwards is measured on the way, per batch and not per input: the scheduling
 step time, the log append time and batch size (:class:`Timings`; the scheduler loop times its one
 append path into it).
@@ -20,25 +20,23 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuquota.sharetable import share_table
-from gpuquota.wire import events as ev
+from gpuquota.tally import TALLY_METRICS
 from gpuquota.wire.base import Strategy
 
 if TYPE_CHECKING:
     from gpuquota.core.state import ClusterState
-    from gpuquota.readmodel import JobView, ReadModel
-    from gpuquota.wire.events import SchedulerEvent
+    from gpuquota.readmodel import ReadModel
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
@@ -85,35 +83,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Seconds since the scheduler last recorded a heartbeat of the node (it records one per quarter "
         "of the heartbeat timeout at most)",
     ),
-    "gpuquota_jobs_submitted": ("counter", ("queue", "share"), "Jobs accepted"),
-    "gpuquota_dispatches": ("counter", ("phase",), "Attempts dispatched, by phase (IN_QUOTA, BORROW, HOLD)"),
-    "gpuquota_preemptions": ("counter", ("kind",), "Attempts preempted, by kind"),
-    "gpuquota_preempted_gpu_seconds": (
-        "counter",
-        ("queue", "share", "kind"),
-        "Work lost to preemption (S10.3), by the victim's share and the kind: the victim attempt's "
-        "runtime times its instances (GPU-seconds as gpuquota simulate counts them)",
-    ),
-    "gpuquota_preemption_lost_gpu_seconds": (
-        "counter",
-        ("queue", "share", "kind"),
-        "Work thrown away by preemption (S12), by the victim's share and the kind: per victim attempt, "
-        "its GPUs times the time since its last checkpoint (since it started without one)",
-    ),
-    "gpuquota_jobs_succeeded": ("counter", ("queue", "share"), "Jobs that succeeded"),
-    "gpuquota_jobs_failed": (
-        "counter",
-        ("queue", "share", "reason_class"),
-        "Jobs that failed: error, timeout, terminated or preempted",
-    ),
-    "gpuquota_rejections": ("counter", ("input_type",), "Inputs the scheduler rejected"),
+    **TALLY_METRICS,
     "gpuquota_dead_letters": ("counter", (), "Input records sent to the dead-letter topic"),
     "gpuquota_inputs_decided": ("counter", (), "Inputs decided and recorded by the scheduler"),
-    "gpuquota_submit_to_start_seconds": (
-        "histogram",
-        (),
-        "From submission to the first attempt RUNNING",
-    ),
     "gpuquota_scheduling_step_seconds": (
         "histogram",
         (),
@@ -160,106 +132,6 @@ def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
 
 def _histogram(name: str, buckets: Sequence[float]) -> Histogram:
     return Histogram(name, METRICS[name][2], buckets=buckets, registry=None)
-
-
-# ----- counters folded from events ----------------------------------------------------------------
-
-
-def failure_class(event: ev.JobFailed) -> str:
-    """The bounded ``reason_class`` of a failure (the reason text itself is unbounded)."""
-    if event.preempted:
-        return "preempted"
-    if event.is_terminated:
-        return "terminated"
-    reason = event.status_reason.lower()
-    if "duration" in reason or "timeout" in reason or "time limit" in reason:
-        return "timeout"
-    return "error"
-
-
-def lost_gpu_seconds(event: ev.JobPreempted, victim: JobView) -> float:
-    """S10.3's work lost by one preemption: the attempt's runtime times its instances."""
-    return event.victim_runtime_ms / 1000 * victim.spec.count
-
-
-def checkpoint_lost_gpu_seconds(event: ev.JobPreempted) -> float:
-    """S12's work lost by one preemption: the victim's GPUs times the time since its last checkpoint."""
-    return event.lost_ms / 1000 * event.lost_gpus
-
-
-class EventTally(Collector):
-    """Counters of the events the read model applied (``ReadModel.apply`` calls :meth:`observe`)."""
-
-    def __init__(self) -> None:
-        # per metric, per tuple of label values
-        self.submitted: Counter[tuple[str, ...]] = Counter()
-        self.dispatched: Counter[tuple[str, ...]] = Counter()
-        self.preempted: Counter[tuple[str, ...]] = Counter()
-        self.lost: dict[tuple[str, ...], float] = {}
-        self.lost_since_checkpoint: dict[tuple[str, ...], float] = {}
-        self.succeeded: Counter[tuple[str, ...]] = Counter()
-        self.failed: Counter[tuple[str, ...]] = Counter()
-        self.rejected: Counter[tuple[str, ...]] = Counter()
-        self.latency = _histogram("gpuquota_submit_to_start_seconds", LATENCY_BUCKETS)
-
-    def observe(self, event: SchedulerEvent, job: JobView | None) -> None:
-        # Dispatch on the type's name: every event passes here, and ``isinstance`` on a pydantic model
-        # goes through ``ABCMeta`` (a microsecond per miss on this machine).
-        kind = event.type
-        if kind not in _COUNTED:
-            return
-        if kind == "InputRejected":
-            self.rejected[(cast(ev.InputRejected, event).input_type,)] += 1
-        elif kind == "JobDispatched":
-            self.dispatched[(cast(ev.JobDispatched, event).phase,)] += 1
-        elif kind == "JobPreempted":
-            preempted = cast(ev.JobPreempted, event)
-            self.preempted[(preempted.kind,)] += 1
-            if job is not None:
-                key = (*job.share, preempted.kind)
-                self.lost[key] = self.lost.get(key, 0.0) + lost_gpu_seconds(preempted, job)
-                since = self.lost_since_checkpoint
-                since[key] = since.get(key, 0.0) + checkpoint_lost_gpu_seconds(preempted)
-        elif job is not None:
-            if kind == "JobAccepted":
-                self.submitted[job.share] += 1
-            elif kind == "JobSucceeded":
-                self.succeeded[job.share] += 1
-            elif kind == "JobFailed":
-                self.failed[(*job.share, failure_class(cast(ev.JobFailed, event)))] += 1
-            elif len(job.attempts) == 1:  # JobRunning of the first attempt
-                self.latency.observe(max(0.0, (event.occurred_at - job.spec.created_at) / 1000))
-
-    def collect(self) -> Iterator[Metric]:
-        tables: tuple[tuple[str, Mapping[tuple[str, ...], float]], ...] = (
-            ("gpuquota_jobs_submitted", self.submitted),
-            ("gpuquota_dispatches", self.dispatched),
-            ("gpuquota_preemptions", self.preempted),
-            ("gpuquota_preempted_gpu_seconds", self.lost),
-            ("gpuquota_preemption_lost_gpu_seconds", self.lost_since_checkpoint),
-            ("gpuquota_jobs_succeeded", self.succeeded),
-            ("gpuquota_jobs_failed", self.failed),
-            ("gpuquota_rejections", self.rejected),
-        )
-        for name, counts in tables:
-            metric = family(name)
-            for key, value in sorted(counts.items()):
-                metric.add_metric(list(key), value)
-            yield metric
-        yield from self.latency.collect()
-
-
-_COUNTED = frozenset(
-    {
-        "InputRejected",
-        "JobDispatched",
-        "JobPreempted",
-        "JobAccepted",
-        "JobSucceeded",
-        "JobFailed",
-        "JobRunning",
-    }
-)
 
 
 # ----- gauges read at scrape time ---------------------------------------------------------------

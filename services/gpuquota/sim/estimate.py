@@ -16,8 +16,8 @@ starts: it goes on until all of them have been dispatched, recording when each w
 keeps the sweeps of the last state version (``state.applied``), so the other jobs' estimates of that
 version are look-ups. A sweep stops after ``MAX_STEPS`` ends (no answer then) or at its share of the
 time budget (the answer is then "not before" the virtual time it reached); the gateway's explainer
-(``estimating_explainer``) runs them with no budget on a copy in a thread instead
-(``gpuquota.sim.background``), whenever the state changes (``gpuquota.sim.explainer``), so that
+(``gpuquota.sim.explainer``) runs them with no budget on a copy in a thread instead
+(``gpuquota.sim.background``), whenever the state changes, so that
 deep-queue jobs get a complete start from the newest finished run, which says how old it is.
 """
 
@@ -30,7 +30,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuquota.core import ClusterState, step
 from gpuquota.core.context import construct
@@ -39,9 +39,6 @@ from gpuquota.readmodel import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus
-
-if TYPE_CHECKING:
-    from gpuquota.sim.explainer import EstimatingExplainer
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 50_000
@@ -251,13 +248,3 @@ def _sweeps(state: ClusterState, read_model: ReadModel, version: tuple[int, int]
 def estimate(state: ClusterState, read_model: ReadModel, job_id: str, now: int) -> dict[str, Any] | None:
     """The start estimate of one waiting job (None for any other), without a cache."""
     return Estimator().estimate(state, read_model, job_id, now)
-
-
-def estimating_explainer(
-    state: Callable[[], ClusterState], read_model: ReadModel, clock: Callable[[], int]
-) -> EstimatingExplainer:
-    """``explain`` with a start estimate for RUNNABLE jobs (the gateway's explainer); its
-    ``keep_ahead()`` task keeps the estimates' sweeps ahead of the questions."""
-    from gpuquota.sim.explainer import EstimatingExplainer
-
-    return EstimatingExplainer(state, read_model, clock)
