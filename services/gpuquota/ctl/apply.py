@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError, poll
 from gpuquota.ctl.apply_doc import (
     ApplyDoc,
@@ -23,6 +24,7 @@ from gpuquota.ctl.apply_doc import (
     capacity_limits,
     environment_order,
 )
+from gpuquota.ctl.render import Style
 
 READY_TIMEOUT = 15.0
 PENDING = ("CREATING", "UPDATING")
@@ -312,3 +314,16 @@ class Applier:
 
 def apply(api: Api, doc: ApplyDoc, *, dry_run: bool = False) -> list[Change]:
     return Applier(api, dry_run=dry_run).run(doc)
+
+
+def format_changes(changes: list[Change], style: Style) -> str:
+    colours = {"created": "green", "updated": "yellow", "unchanged": "dim"}
+    rows = []
+    for change in changes:
+        action = style(change.action, colours.get(change.action, "cyan"))
+        rows.append([change.kind, change.name, action, "; ".join(change.details)])
+    counts: dict[str, int] = {}
+    for change in changes:
+        counts[change.action] = counts.get(change.action, 0) + 1
+    summary = ", ".join(f"{n} {action}" for action, n in counts.items()) or "nothing to apply"
+    return render.table(["RESOURCE", "NAME", "ACTION", "CHANGES"], rows) + "\n" + summary

@@ -75,7 +75,7 @@ def configure_apply(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_command(api: Api, args: argparse.Namespace, style: Style) -> int:
-    from gpuquota.ctl.apply import apply
+    from gpuquota.ctl.apply import apply, format_changes
     from gpuquota.ctl.apply_doc import load
     from gpuquota.ctl.impact import dry_run_command
 
@@ -88,19 +88,6 @@ def apply_command(api: Api, args: argparse.Namespace, style: Style) -> int:
         return 0
     print(format_changes(changes, style))
     return 0
-
-
-def format_changes(changes: list[Any], style: Style) -> str:
-    colours = {"created": "green", "updated": "yellow", "unchanged": "dim"}
-    rows = []
-    for change in changes:
-        action = style(change.action, colours.get(change.action, "cyan"))
-        rows.append([change.kind, change.name, action, "; ".join(change.details)])
-    counts: dict[str, int] = {}
-    for change in changes:
-        counts[change.action] = counts.get(change.action, 0) + 1
-    summary = ", ".join(f"{n} {action}" for action, n in counts.items()) or "nothing to apply"
-    return render.table(["RESOURCE", "NAME", "ACTION", "CHANGES"], rows) + "\n" + summary
 
 
 # ----- jobs ----------------------------------------------------------------------------------------
@@ -403,10 +390,6 @@ def _figures(values: dict[str, Any], labels: tuple[tuple[str, str], ...], indent
     return [f"{indent}{label.ljust(width)}  {'unbounded' if v is None else v}" for label, v in rows]
 
 
-def kind_label(kind: str) -> str:
-    return {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}.get(kind, kind.lower())
-
-
 def _start_estimate(estimate: dict[str, Any] | None, style: Style) -> list[str]:
     """When the job is expected to start (``gpuquota.sim.estimate``), and on what assumptions."""
     if estimate is None:
@@ -463,7 +446,7 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
         lines += [
             "",
             style(f"Last preemption ({data.get('preemptedAttemptCount', 1)} in all)", "bold"),
-            f"  kind       {kind_label(last['kind'])}",
+            f"  kind       {render.kind_label(last['kind'])}",
             f"  preemptor  {preemptor} ({last['preemptorJobId']}) of share {last['preemptorQuotaShareName']}",
             f"  decided    {render.when(last.get('decidedAt'))}",
             f"  cause      {last['statusReason']}",

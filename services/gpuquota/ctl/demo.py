@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
-from gpuquota.ctl.apply import apply
+from gpuquota.ctl.apply import apply, format_changes
 from gpuquota.ctl.apply_doc import parse
-from gpuquota.ctl.commands import format_changes, format_shares, quiet_stdout
+from gpuquota.ctl.commands import format_shares, quiet_stdout
 from gpuquota.ctl.demo_image import RUNTIME_LINES, build_demo_image, container_payload
 from gpuquota.ctl.demo_scenario import (
     DISPATCHED,

@@ -23,7 +23,7 @@ SHARE_FIGURES = ("limits", "usage", "borrowed", "lent", "reserved")
 
 
 def dry_run_command(api: Api, doc: ApplyDoc, args: argparse.Namespace, style: Style) -> int:
-    from gpuquota.ctl.commands import format_changes  # here: commands imports this module lazily
+    from gpuquota.ctl.apply import format_changes
 
     applier = Applier(api, dry_run=True)
     changes = applier.run(doc)
@@ -45,8 +45,6 @@ def _impact(api: Api, applier: Applier) -> dict[str, Any]:
 
 
 def format_impact(impact: dict[str, Any], style: Style) -> str:
-    from gpuquota.ctl.commands import kind_label
-
     at = impact["at"]
     blocks = [
         style(f"Impact, from the live state at {render.when(at)} (nothing applied)", "bold"),
@@ -59,7 +57,7 @@ def format_impact(impact: dict[str, Any], style: Style) -> str:
                     r["job"],
                     r["jobName"],
                     _share(r),
-                    kind_label(r["kind"]),
+                    render.kind_label(r["kind"]),
                     _start(r.get("restartAt"), at),
                     render.shorten(r["reason"], 60),
                 ]

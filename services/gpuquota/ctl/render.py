@@ -143,3 +143,7 @@ def attempts_table(attempts: list[dict[str, Any]]) -> str:
         for i, a in enumerate(attempts, start=1)
     ]
     return table(["#", "STARTED", "STOPPED", "REASON", "LOST WORK"], rows)
+
+
+def kind_label(kind: str) -> str:
+    return {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}.get(kind, kind.lower())
