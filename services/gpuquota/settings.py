@@ -104,6 +104,8 @@ from pydantic import (
     field_validator,
 )
 
+from gpuquota.core.policy import DEFAULT_POLICY
+
 ENV_PREFIX = "GPUQUOTA_"
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
@@ -397,11 +399,11 @@ class SchedulerSettings(_DatabaseSettings):
 
     pool: Name = "default"
     nodes: tuple[NodeSpec, ...] = ()
-    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
-    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = DEFAULT_POLICY.preemption_grace_seconds
+    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.heartbeat_seconds
     data_dir: Path = Path(".gpuquota")
     snapshot_every: Annotated[int, Field(ge=1)] = 1000
-    tick_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    tick_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.tick_seconds
     instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,128}$")] = ""
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
 
@@ -480,8 +482,8 @@ class NodeAgentSettings(_Settings, S3Settings):
     slots: str = ""
     runtime: Literal["process", "simulated", "subprocess", "fake", "container"] = "subprocess"
     container_engine: Literal["podman", "docker"] | None = None
-    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
-    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = DEFAULT_POLICY.preemption_grace_seconds
+    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.heartbeat_seconds
     data_dir: Path = Path(".gpuquota")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     logs_port: Annotated[int, Field(ge=0, le=65535)] = 0

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
+from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import LocalS3Error, s3_settings
@@ -95,9 +96,9 @@ class EmbeddedStack:
         runtime: str = "process",
         *,
         container_engine: str | None = None,
-        tick_seconds: float = 1.0,
-        heartbeat_seconds: float = 5.0,
-        preemption_grace: float = 30.0,
+        tick_seconds: float = DEFAULT_POLICY.tick_seconds,
+        heartbeat_seconds: float = DEFAULT_POLICY.heartbeat_seconds,
+        preemption_grace: float = DEFAULT_POLICY.preemption_grace_seconds,
         arns: ArnFactory | None = None,
         auth: Keyring | None = None,
         browser: BrowserPolicy | None = None,
@@ -143,7 +144,9 @@ class EmbeddedStack:
             self.store,
             ReadModel(self.arns),
             tick_seconds=self.tick_seconds,
-            heartbeat_timeout_ms=int(self.heartbeat_seconds * 6000),  # 6 periods, as in the distributed mode
+            heartbeat_timeout_ms=SchedulingPolicy(
+                heartbeat_seconds=self.heartbeat_seconds
+            ).heartbeat_timeout_ms,
             on_append=timings.appended,
         )
         folded = await shell.recover()
