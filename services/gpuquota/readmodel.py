@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
+from gpuquota.core.records import QueueKey, queue_order
 from gpuquota.nodeview import NodeTable
 from gpuquota.observe.metrics import EventTally
 from gpuquota.wire import events as ev
@@ -45,7 +46,7 @@ HISTORY = 64
 """How many status changes ``JobView.history`` keeps (the oldest are dropped)."""
 
 ShareKey = tuple[str, str]
-RunnableKey = tuple[int, int, str]
+RunnableKey = QueueKey
 
 _HANDLERS: dict[str, str] = {}
 """Event type -> the name of its ``ReadModel._on_*`` method (built once per type, not per event)."""
@@ -105,7 +106,7 @@ class JobView:
 
     @property
     def runnable_key(self) -> RunnableKey:
-        return (-self.priority, self.spec.created_at, self.spec.job_id)
+        return queue_order(self.priority, self.spec.created_at, self.spec.job_id)
 
     @property
     def terminal(self) -> bool:
@@ -127,7 +128,7 @@ class ReadModel:
         self.shares: dict[ShareKey, ResourceView[QuotaShareSpec]] = {}
         self.jobs: dict[str, JobView] = {}
         self.runnable: dict[ShareKey, SortedList[RunnableKey]] = {}
-        """Per share, its RUNNABLE jobs in scheduling order (-priority, createdAt, jobId)."""
+        """Per share, its RUNNABLE jobs in the core's scheduling order (``core.records.queue_order``)."""
         self.usage: dict[ShareKey, dict[str, int]] = {}
         """Per share and unit: instances held by SCHEDULED, STARTING and RUNNING jobs."""
         self.client_tokens: dict[str, tuple[str, str]] = {}
