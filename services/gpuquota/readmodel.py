@@ -140,6 +140,9 @@ class ReadModel:
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
         self.head_since: dict[ShareKey, tuple[str, int]] = {}
         """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
+        self.failure: str | None = None
+        """The first event this projection could not apply: its views are wrong from there on, so the
+        process says so in ``/health/live`` (503) until a rebuild succeeds (``reset``)."""
 
     def adopt(self, other: ReadModel) -> None:
         """Take over ``other``'s views: a projection rebuilt from the log, swapped in place so that
@@ -149,6 +152,16 @@ class ReadModel:
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
+        """Fold one event; an error is re-raised and kept in ``failure`` (a caller that goes on
+        cannot hide it)."""
+        try:
+            self._apply(event)
+        except Exception as exc:
+            if self.failure is None:
+                self.failure = f"the read model could not apply {event.type} {event.event_id}: {exc!r}"
+            raise
+
+    def _apply(self, event: ev.SchedulerEvent) -> None:
         if event.occurred_at > self.last_event_at:
             self.last_event_at = event.occurred_at
         self.nodes.apply(event)

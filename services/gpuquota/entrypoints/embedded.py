@@ -166,7 +166,8 @@ class EmbeddedStack:
         )
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool, lambda: shell.write_failure)}
-        install(gateway, self.registry, probes, lambda: shell.state)
+        # The shell logs a projection error and decides on; liveness makes it visible (503).
+        install(gateway, self.registry, probes, lambda: shell.state, lambda: shell.read_model.failure)
         work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
         NodeRoutes(gateway, local).install()
