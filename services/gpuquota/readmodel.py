@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from sortedcontainers import SortedList
 
 from gpuquota.arns import ArnFactory
+from gpuquota.core.records import QueueKey, queue_order
 from gpuquota.nodeview import NodeTable
 from gpuquota.tally import EventTally
 from gpuquota.wire import events as ev
@@ -45,7 +46,7 @@ HISTORY = 64
 """How many status changes ``JobView.history`` keeps (the oldest are dropped)."""
 
 ShareKey = tuple[str, str]
-RunnableKey = tuple[int, int, str]
+RunnableKey = QueueKey
 
 _HANDLERS: dict[str, str] = {}
 """Event type -> the name of its ``ReadModel._on_*`` method (built once per type, not per event)."""
@@ -109,7 +110,7 @@ class JobView:
 
     @property
     def runnable_key(self) -> RunnableKey:
-        return (-self.priority, self.spec.created_at, self.spec.job_id)
+        return queue_order(self.priority, self.spec.created_at, self.spec.job_id)
 
     @property
     def terminal(self) -> bool:
@@ -146,7 +147,7 @@ class ReadModel:
         self.shares: dict[ShareKey, ResourceView[QuotaShareSpec]] = {}
         self.jobs: dict[str, JobView] = {}
         self.runnable: dict[ShareKey, SortedList[RunnableKey]] = {}
-        """Per share, its RUNNABLE jobs in scheduling order (-priority, createdAt, jobId)."""
+        """Per share, its RUNNABLE jobs in the core's scheduling order (``core.records.queue_order``)."""
         self.usage: dict[ShareKey, dict[str, int]] = {}
         """Per share and unit: instances held by SCHEDULED, STARTING and RUNNING jobs."""
         self.client_tokens: dict[str, tuple[str, str]] = {}
@@ -158,6 +159,9 @@ class ReadModel:
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
         self.head_since: dict[ShareKey, tuple[str, int]] = {}
         """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
+        self.failure: str | None = None
+        """The first event this projection could not apply: its views are wrong from there on, so the
+        process says so in ``/health/live`` (503) until a rebuild succeeds (``reset``)."""
 
     def adopt(self, other: ReadModel) -> None:
         """Take over ``other``'s views: a projection rebuilt from the log, swapped in place so that
@@ -167,6 +171,16 @@ class ReadModel:
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
+        """Fold one event; an error is re-raised and kept in ``failure`` (a caller that goes on
+        cannot hide it)."""
+        try:
+            self._apply(event)
+        except Exception as exc:
+            if self.failure is None:
+                self.failure = f"the read model could not apply {event.type} {event.event_id}: {exc!r}"
+            raise
+
+    def _apply(self, event: ev.SchedulerEvent) -> None:
         if event.occurred_at > self.last_event_at:
             self.last_event_at = event.occurred_at
         self.nodes.apply(event)

@@ -107,6 +107,7 @@ from pydantic import (
     field_validator,
 )
 
+from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.image_map import ImageMap
 
 ENV_PREFIX = "GPUQUOTA_"
@@ -402,11 +403,11 @@ class SchedulerSettings(_DatabaseSettings):
 
     pool: Name = "default"
     nodes: tuple[NodeSpec, ...] = ()
-    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
-    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = DEFAULT_POLICY.preemption_grace_seconds
+    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.heartbeat_seconds
     data_dir: Path = Path(".gpuquota")
     snapshot_every: Annotated[int, Field(ge=1)] = 1000
-    tick_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    tick_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.tick_seconds
     instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,128}$")] = ""
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
 
@@ -488,8 +489,8 @@ class NodeAgentSettings(_Settings, S3Settings):
     container_engine: Literal["podman", "docker"] | None = None
     image_map: str = ""
     """:class:`~gpuquota.image_map.ImageMap`'s text, checked at start-up."""
-    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = 30.0
-    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    preemption_grace: Annotated[float, Field(ge=0, le=86400)] = DEFAULT_POLICY.preemption_grace_seconds
+    heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.heartbeat_seconds
     data_dir: Path = Path(".gpuquota")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     logs_port: Annotated[int, Field(ge=0, le=65535)] = 0

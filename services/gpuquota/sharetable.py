@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpuquota.core.hygiene import MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG
-from gpuquota.core.quota import attribute_lent
+from gpuquota.core.quota import attribute_lent, max_usage
 from gpuquota.wire.base import QuotaShareSpec, Strategy
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def share_table(rm: ReadModel, queue: str | None = None) -> list[dict[str, Any]]
                 "borrowLimit": spec.borrow_limit if spec.strategy is Strategy.LEND_AND_BORROW else None,
                 "inSharePreemption": "ENABLED" if spec.in_share_preemption else "DISABLED",
                 "limits": limits,
-                "maximum": {u: max_usage(spec, u) for u in sorted(set(limits) | set(usage))},
+                "maximum": {u: max_usage(spec, spec.limit(u)) for u in sorted(set(limits) | set(usage))},
                 "usage": usage,
                 "borrowed": borrowed,
                 "lent": lent.get((queue_name, name), {}),
@@ -63,17 +63,10 @@ def share_table(rm: ReadModel, queue: str | None = None) -> list[dict[str, Any]]
     return rows
 
 
-def max_usage(spec: QuotaShareSpec, unit: str) -> int | None:
-    """M(s,u) of S2.3 (``gpuquota.core.quota.share_max_usage``, from the spec): ``L`` for RESERVE and
-    LEND, ``L + floor(L * borrowLimit / 100)`` for LEND_AND_BORROW, ``None`` (unbounded) for its -1."""
-    own = next((c.max_capacity for c in spec.capacity_limits if c.unit == unit), None)
-    if own is None:
-        return 0
-    if spec.strategy is not Strategy.LEND_AND_BORROW:
-        return own
-    if spec.borrow_limit == -1:
-        return None
-    return own + own * spec.borrow_limit // 100
+def share_maximum(rm: ReadModel, queue: str, share: str, unit: str) -> int | None:
+    """M(s,u) of S2.3, asked of the core (``gpuquota.core.quota.max_usage``); ``None``: unbounded."""
+    spec = rm.shares[(queue, share)].spec
+    return max_usage(spec, spec.limit(unit))
 
 
 def _lent(rm: ReadModel) -> dict[ShareKey, dict[str, int]]:

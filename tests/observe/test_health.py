@@ -19,6 +19,10 @@ from gpuquota.observe import healthcheck
 from gpuquota.observe.health import OpsServer, add_routes, broker_probe, lag_probe, readiness
 from gpuquota.observe.metrics import new_registry
 from gpuquota.observe.startup import EXIT_UNREACHABLE, Unreachable, unknown_variables, wait_for
+from gpuquota.readmodel import ReadModel
+from gpuquota.wire import events as ev
+from tests.gateway.conftest import wait_for as wait_until
+from tests.gateway.helpers import submit, worked_example
 from tests.observe.helpers import get_json, stack, two_steps
 
 
@@ -57,6 +61,28 @@ def test_ready_says_what_is_not_ready(tmp_path: Path) -> None:
         assert body["status"] == "not ready"
         assert body["checks"]["eventLog"] != "ok"
         assert get_json(running.url + "/health/live")[0] == 200
+    finally:
+        running.close()
+
+
+def test_live_is_503_once_the_embedded_read_model_cannot_apply_an_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded shell logs a projection error and decides on: ``/health/live`` makes it loud."""
+
+    def projection_bug(_: ReadModel, event: ev.JobAccepted) -> None:
+        raise RuntimeError("a projection bug")
+
+    monkeypatch.setattr(ReadModel, "_on_JobAccepted", projection_bug)
+    running = stack(data_dir=tmp_path)
+    try:
+        worked_example(running.client)
+        assert get_json(running.url + "/health/live") == (200, {"status": "live"})
+        submit(running.client, "job", "QS1", 1)
+        wait_until(lambda: get_json(running.url + "/health/live")[0] == 503, timeout=30)
+        reason = get_json(running.url + "/health/live")[1]["reason"]
+        assert reason.startswith("the read model could not apply JobAccepted "), reason
+        assert "a projection bug" in reason
     finally:
         running.close()
 

@@ -12,11 +12,14 @@ from collections.abc import Iterable
 from gpuquota.core.decide import decide, step
 from gpuquota.core.evolve import evolve
 from gpuquota.core.explain import Explanation, explain
+from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.core.state import ClusterState, fingerprint
 from gpuquota.wire.events import SchedulerEvent
 
 
-def replay(events: Iterable[SchedulerEvent], heartbeat_timeout_ms: int = 30_000) -> ClusterState:
+def replay(
+    events: Iterable[SchedulerEvent], heartbeat_timeout_ms: int = DEFAULT_POLICY.heartbeat_timeout_ms
+) -> ClusterState:
     """Fold a recorded log from the empty state."""
     state = ClusterState(heartbeat_timeout_ms)
     for event in events:
@@ -24,4 +27,15 @@ def replay(events: Iterable[SchedulerEvent], heartbeat_timeout_ms: int = 30_000)
     return state
 
 
-__all__ = ["ClusterState", "Explanation", "decide", "evolve", "explain", "fingerprint", "replay", "step"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "ClusterState",
+    "Explanation",
+    "SchedulingPolicy",
+    "decide",
+    "evolve",
+    "explain",
+    "fingerprint",
+    "replay",
+    "step",
+]

@@ -32,7 +32,7 @@ from gpuquota.core.state import (
     ShareKey,
     ShareRecord,
 )
-from gpuquota.wire.base import ServiceEnvironmentSpec
+from gpuquota.wire.base import UNLIMITED_BORROW, QuotaShareSpec, ServiceEnvironmentSpec
 
 
 def share_limit(share: ShareRecord, unit: str) -> int:
@@ -42,14 +42,21 @@ def share_limit(share: ShareRecord, unit: str) -> int:
 
 def share_max_usage(share: ShareRecord, unit: str) -> int | None:
     """M(s,u): the most the share may ever hold of ``unit``; ``None`` means unbounded (S2.3)."""
-    own = share.limits.get(unit)
+    return max_usage(share.spec, share.limits.get(unit))
+
+
+def max_usage(spec: QuotaShareSpec, own: int | None) -> int | None:
+    """M(s,u) from the share's spec and its own limit L(s,u) for the unit (``None``: it lists none).
+
+    Pure, for the read side too (``gpuquota shares``, the console, the metrics), which has specs but
+    no ``ClusterState``."""
     if own is None:
         return 0
-    if share.spec.strategy is not LEND_AND_BORROW:
+    if spec.strategy is not LEND_AND_BORROW:
         return own
-    if share.spec.borrow_limit == -1:
+    if spec.borrow_limit == UNLIMITED_BORROW:
         return None
-    return own + own * share.spec.borrow_limit // 100
+    return own + own * spec.borrow_limit // 100
 
 
 def hold_outstanding(state: ClusterState, hold: Hold) -> int:

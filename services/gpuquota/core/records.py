@@ -40,6 +40,13 @@ ENABLED: Final = State.ENABLED
 QueueKey = tuple[int, int, str]
 """A RUNNABLE job's place in its share: (-priority, created_at, job_id); smallest runs first (S3.1)."""
 
+
+def queue_order(priority: int, created_at: int, job_id: str) -> QueueKey:
+    """S3.1: higher ``schedulingPriority`` first, then the older job, then the smaller job id (the
+    read model orders its RUNNABLE jobs by the same key)."""
+    return (-priority, created_at, job_id)
+
+
 VictimKey = tuple[int, int, str]
 """A dispatched job's place as a preemption victim: (priority, -dispatch sequence, job id) (S4.1)."""
 
@@ -193,7 +200,7 @@ class JobRecord(Mutable):
 
     @property
     def queue_key(self) -> QueueKey:
-        return (-self.priority, self.created_at, self.job_id)
+        return queue_order(self.priority, self.created_at, self.job_id)
 
     @property
     def victim_key(self) -> VictimKey:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpuquota.core.journal import Journal, Journalled, Mutable
+from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.core.records import (
     ENABLED,
     LEND_AND_BORROW,
@@ -68,7 +69,7 @@ __all__ = [
 class ClusterState(Journalled):
     """Everything the scheduler knows. Build it with ``ClusterState()`` and ``evolve``, nothing else."""
 
-    def __init__(self, heartbeat_timeout_ms: int = 30_000) -> None:
+    def __init__(self, heartbeat_timeout_ms: int = DEFAULT_POLICY.heartbeat_timeout_ms) -> None:
         super().__init__()
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.policies: dict[str, SchedulingPolicySpec] = {}

@@ -20,7 +20,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuquota.ctl.api import CliError
-from gpuquota.wire.base import CapacityLimit, QueuePriority, QuotaShareSpec
+from gpuquota.wire.base import (
+    MAX_SHARE_LIMITS,
+    MIN_SHARE_LIMITS,
+    UNLIMITED_BORROW,
+    CapacityLimit,
+    QueuePriority,
+    QuotaShareSpec,
+)
 
 State = Literal["ENABLED", "DISABLED"]
 
@@ -103,9 +110,9 @@ def environment_order(environment: str) -> list[dict[str, Any]]:
 class ShareDoc(_Doc):
     name: str = Field(min_length=1, max_length=128)
     jobQueue: str | None = None
-    capacityLimits: dict[str, int] = Field(min_length=1, max_length=5)
+    capacityLimits: dict[str, int] = Field(min_length=MIN_SHARE_LIMITS, max_length=MAX_SHARE_LIMITS)
     strategy: Literal["RESERVE", "LEND", "LEND_AND_BORROW"]
-    borrowLimit: int | None = Field(default=None, ge=-1)
+    borrowLimit: int | None = Field(default=None, ge=UNLIMITED_BORROW)
     inSharePreemption: State = "DISABLED"
     state: State = "ENABLED"
     tags: dict[str, str] | None = None
@@ -116,7 +123,7 @@ class ShareDoc(_Doc):
         """The share's ``resourceSharingConfiguration``."""
         sharing: dict[str, Any] = {"strategy": self.strategy}
         if self.strategy == "LEND_AND_BORROW":
-            sharing["borrowLimit"] = -1 if self.borrowLimit is None else self.borrowLimit
+            sharing["borrowLimit"] = UNLIMITED_BORROW if self.borrowLimit is None else self.borrowLimit
         return sharing
 
     def preemption(self) -> dict[str, Any]:
@@ -143,7 +150,7 @@ class ShareDoc(_Doc):
                 CapacityLimit(unit=u, max_capacity=n) for u, n in self.capacityLimits.items()
             ),
             strategy=self.strategy,
-            borrow_limit=-1 if self.borrowLimit is None else self.borrowLimit,
+            borrow_limit=UNLIMITED_BORROW if self.borrowLimit is None else self.borrowLimit,
             in_share_preemption=self.inSharePreemption == "ENABLED",
             state=self.state,
             tags=self.tags or {},

@@ -25,6 +25,7 @@ from gpuquota.ctl.options import add_common
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.submit import configure_logs, configure_submit, logs_command, submit_command
 from gpuquota.ctl.watch import add_watch
+from gpuquota.wire.base import UNLIMITED_BORROW
 
 JOB_STATUSES = ("SUBMITTED", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 DEFAULT_TERMINATE_REASON = "Terminated by gpuquota jobs terminate"
@@ -318,8 +319,8 @@ def format_shares(rows: list[dict[str, Any]], style: Style, *, jobs: dict[str, s
     out = []
     for row in rows:
         strategy = row["strategy"]
-        if row.get("borrowLimit") is not None:
-            strategy += f" {'unlimited' if row['borrowLimit'] == -1 else str(row['borrowLimit']) + '%'}"
+        if (borrow := row.get("borrowLimit")) is not None:
+            strategy += " unlimited" if borrow == UNLIMITED_BORROW else f" {borrow}%"
         borrowed = render.units(row.get("borrowed"), unit)
         lent = render.units(row.get("lent"), unit)
         cells = [

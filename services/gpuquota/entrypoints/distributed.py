@@ -28,6 +28,7 @@ from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
 from gpuquota.arns import ArnFactory
 from gpuquota.clock import wall_clock_ms
+from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import S3Client
@@ -203,8 +204,8 @@ class NodeAgentService:
         work_dir: Path,
         *,
         topics: KafkaTopics | None = None,
-        heartbeat_seconds: float = 5.0,
-        preemption_grace: float = 30.0,
+        heartbeat_seconds: float = DEFAULT_POLICY.heartbeat_seconds,
+        preemption_grace: float = DEFAULT_POLICY.preemption_grace_seconds,
         logs_port: int | None = None,
         logs_host: str = "127.0.0.1",
         logs_token: str | None = None,
@@ -262,8 +263,8 @@ class DistributedStack:
         data_dir: Path = Path(".gpuquota"),
         topics: KafkaTopics | None = None,
         pool: str = "default",
-        heartbeat_seconds: float = 5.0,
-        preemption_grace: float = 30.0,
+        heartbeat_seconds: float = DEFAULT_POLICY.heartbeat_seconds,
+        preemption_grace: float = DEFAULT_POLICY.preemption_grace_seconds,
         snapshot_every: int = 1000,
         auth: Keyring | None = None,
         browser: BrowserPolicy | None = None,
@@ -286,7 +287,9 @@ class DistributedStack:
                 kafka_security=kafka_security,
                 default_pool=pool,
                 snapshot_every=snapshot_every,
-                heartbeat_timeout_ms=int(heartbeat_seconds * 6000),
+                heartbeat_timeout_ms=SchedulingPolicy(
+                    heartbeat_seconds=heartbeat_seconds
+                ).heartbeat_timeout_ms,
                 data_dir=data_dir,
             )
         )
@@ -476,7 +479,9 @@ def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | Non
         default_pool=settings.pool,
         snapshot_every=settings.snapshot_every,
         tick_seconds=settings.tick_seconds,
-        heartbeat_timeout_ms=int(settings.heartbeat_seconds * 6000),
+        heartbeat_timeout_ms=SchedulingPolicy(
+            heartbeat_seconds=settings.heartbeat_seconds
+        ).heartbeat_timeout_ms,
         data_dir=settings.data_dir,
         instance_id=settings.instance_id or None,
     )

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.adapters.sqlite_store import STORE_FILE
 from gpuquota.arns import ArnFactory
+from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import LocalS3Error, S3Client, s3_client, s3_settings
@@ -97,9 +98,9 @@ class EmbeddedStack:
         *,
         container_engine: str | None = None,
         image_map: str = "",
-        tick_seconds: float = 1.0,
-        heartbeat_seconds: float = 5.0,
-        preemption_grace: float = 30.0,
+        tick_seconds: float = DEFAULT_POLICY.tick_seconds,
+        heartbeat_seconds: float = DEFAULT_POLICY.heartbeat_seconds,
+        preemption_grace: float = DEFAULT_POLICY.preemption_grace_seconds,
         arns: ArnFactory | None = None,
         auth: Keyring | None = None,
         browser: BrowserPolicy | None = None,
@@ -151,7 +152,9 @@ class EmbeddedStack:
             self.store,
             ReadModel(self.arns),
             tick_seconds=self.tick_seconds,
-            heartbeat_timeout_ms=int(self.heartbeat_seconds * 6000),  # 6 periods, as in the distributed mode
+            heartbeat_timeout_ms=SchedulingPolicy(
+                heartbeat_seconds=self.heartbeat_seconds
+            ).heartbeat_timeout_ms,
             on_append=timings.appended,
         )
         folded = await shell.recover()
@@ -173,7 +176,8 @@ class EmbeddedStack:
             gateway.s3_endpoint, gateway.s3_client_key = self.s3_client.endpoint, self.s3_client.key
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool, lambda: shell.write_failure)}
-        install(gateway, self.registry, probes, lambda: shell.state)
+        # The shell logs a projection error and decides on; liveness makes it visible (503).
+        install(gateway, self.registry, probes, lambda: shell.state, lambda: shell.read_model.failure)
         work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
         NodeRoutes(gateway, local).install()

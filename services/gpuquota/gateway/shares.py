@@ -10,15 +10,25 @@ from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_share
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import CapacityLimit, QuotaShareSpec, State, Strategy
+from gpuquota.wire.base import (
+    MAX_SHARE_LIMITS,
+    MIN_SHARE_LIMITS,
+    UNLIMITED_BORROW,
+    CapacityLimit,
+    QuotaShareSpec,
+    State,
+    Strategy,
+)
 
 
 def _limits(p: Params, required: bool) -> tuple[CapacityLimit, ...] | None:
     items = p.objs("capacityLimits", required=required)
     if items is None:
         return None
-    if not 1 <= len(items) <= 5:
-        raise ClientException("A quota share must have between 1 and 5 capacity limits")
+    if not MIN_SHARE_LIMITS <= len(items) <= MAX_SHARE_LIMITS:
+        raise ClientException(
+            f"A quota share must have between {MIN_SHARE_LIMITS} and {MAX_SHARE_LIMITS} capacity limits"
+        )
     return tuple(capacity_limit(item) for item in items)
 
 
@@ -27,7 +37,7 @@ def _sharing(p: Params, required: bool) -> tuple[Strategy, int | None] | None:
     if sharing is None:
         return None
     strategy = Strategy(sharing.req_string("strategy"))
-    return strategy, sharing.integer("borrowLimit", low=-1)
+    return strategy, sharing.ranged("borrowLimit", QuotaShareSpec, "borrow_limit")
 
 
 def _in_share(p: Params, required: bool) -> bool | None:
@@ -64,7 +74,7 @@ async def create(gw: Context, p: Params) -> dict[str, Any]:
         job_queue=queue_name,
         capacity_limits=limits,
         strategy=strategy,
-        borrow_limit=-1 if borrow is None else borrow,
+        borrow_limit=UNLIMITED_BORROW if borrow is None else borrow,
         in_share_preemption=in_share,
         state=state,
         tags=tags,
@@ -81,7 +91,7 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
         changes["capacity_limits"] = limits
     if (sharing := _sharing(p, required=False)) is not None:
         changes["strategy"], borrow = sharing
-        changes["borrow_limit"] = -1 if borrow is None else borrow
+        changes["borrow_limit"] = UNLIMITED_BORROW if borrow is None else borrow
     if (in_share := _in_share(p, required=False)) is not None:
         changes["in_share_preemption"] = in_share
     changes.update(state_change(p))

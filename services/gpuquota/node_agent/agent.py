@@ -41,6 +41,7 @@ from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
+from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.dirlock import DirectoryLock
 from gpuquota.ids import uuid4, uuid7
 from gpuquota.node_agent.checkpoint_watch import refresh
@@ -85,8 +86,8 @@ class NodeAgent:
         runtime: Runtime,
         send: Send,
         work_dir: Path,
-        heartbeat_seconds: float = 5.0,
-        preemption_grace: float = 30.0,
+        heartbeat_seconds: float = DEFAULT_POLICY.heartbeat_seconds,
+        preemption_grace: float = DEFAULT_POLICY.preemption_grace_seconds,
         *,
         retry_seconds: float = 0.1,
         max_retry_seconds: float = 5.0,

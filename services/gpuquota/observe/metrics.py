@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuquota.sharetable import share_table
+from gpuquota.sharetable import share_maximum, share_table
 from gpuquota.tally import TALLY_METRICS
 from gpuquota.wire.base import Strategy
 
@@ -137,15 +137,6 @@ def _histogram(name: str, buckets: Sequence[float]) -> Histogram:
 # ----- gauges read at scrape time ---------------------------------------------------------------
 
 
-def share_maximum(limit: int, strategy: str, borrow_limit: int | None) -> float:
-    """M(s,u) of semantics S2.3 (the core's ``share_max_usage``, from the read model's row)."""
-    if strategy != Strategy.LEND_AND_BORROW.value:
-        return float(limit)
-    if borrow_limit is None or borrow_limit == -1:
-        return float("inf")
-    return float(limit + limit * borrow_limit // 100)
-
-
 class ShareCollector(Collector):
     """Per share and unit, per pool and per node, from a read model and (optionally) the core's state."""
 
@@ -193,9 +184,8 @@ class ShareCollector(Collector):
                 limit = limits.get(unit, 0)
                 used = usage.get(unit, 0)
                 out["limit_instances"].add_metric(labels, limit)
-                out["maximum_instances"].add_metric(
-                    labels, share_maximum(limit, row["strategy"], row["borrowLimit"])
-                )
+                most = share_maximum(rm, queue, share, unit)
+                out["maximum_instances"].add_metric(labels, float("inf") if most is None else most)
                 out["used_instances"].add_metric(labels, used)
                 out["borrowed_instances"].add_metric(labels, row["borrowed"].get(unit, 0))
                 out["lent_instances"].add_metric(labels, row["lent"].get(unit, 0))

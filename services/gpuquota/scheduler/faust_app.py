@@ -60,6 +60,7 @@ from gpuquota.adapters.kafka import (
     ssl_context,
 )
 from gpuquota.adapters.partitioner import default_partition
+from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.observe.metrics import Timings
 from gpuquota.scheduler.faust_transport import Inbox, RawSchema, SchedulerApp
 from gpuquota.scheduler.loop import JobStateRecord, LoopFailed, RetryPolicy
@@ -84,7 +85,7 @@ class SchedulerConfig(PipelineSettings):
     topics: KafkaTopics = field(default_factory=KafkaTopics)
     kafka_security: KafkaSecurity = PLAINTEXT
     """TLS and SASL of every Kafka client of the service (faust's through ``faust_credentials``)."""
-    tick_seconds: float = 1.0
+    tick_seconds: float = DEFAULT_POLICY.tick_seconds
     commit_interval: float = 1.0
     data_dir: Path = Path(".gpuquota")
     partitions: int | None = None

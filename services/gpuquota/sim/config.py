@@ -15,6 +15,7 @@ from gpuquota.ctl.api import CliError
 from gpuquota.ctl.apply_doc import ApplyDoc, load
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
+    UNLIMITED_BORROW,
     CapacityLimit,
     JobQueueSpec,
     QuotaShareSpec,
@@ -113,7 +114,7 @@ def configuration(doc: ApplyDoc, name: str) -> Configuration:
                     CapacityLimit(unit=u, max_capacity=n) for u, n in share.capacityLimits.items()
                 ),
                 strategy=strategy,
-                borrow_limit=share.borrowLimit if share.borrowLimit is not None else -1,
+                borrow_limit=share.borrowLimit if share.borrowLimit is not None else UNLIMITED_BORROW,
                 in_share_preemption=share.inSharePreemption == "ENABLED",
                 state=_state(share.state),
             )

@@ -97,6 +97,11 @@ class SchedulingPolicySpec(Frozen):
 
 UNITS_ONCE_RULE = "capacityLimits lists a capacityUnit more than once"
 BORROW_LIMIT_RULE = "borrowLimit can only be applied to quota shares with a strategy of LEND_AND_BORROW"
+UNLIMITED_BORROW = -1
+"""A ``borrowLimit`` of -1: a LEND_AND_BORROW share borrows without bound (S2.3). It is also the
+field's floor and its default (no borrow limit given)."""
+MIN_SHARE_LIMITS, MAX_SHARE_LIMITS = 1, 5
+"""How many capacity limits (``capacityLimits``) a quota share lists, at most one per unit."""
 
 
 def _units_once(limits: tuple[CapacityLimit, ...]) -> None:
@@ -138,9 +143,11 @@ class JobQueueSpec(Frozen):
 class QuotaShareSpec(Frozen):
     name: Name
     job_queue: Name
-    capacity_limits: Annotated[tuple[CapacityLimit, ...], Field(min_length=1, max_length=5)]
+    capacity_limits: Annotated[
+        tuple[CapacityLimit, ...], Field(min_length=MIN_SHARE_LIMITS, max_length=MAX_SHARE_LIMITS)
+    ]
     strategy: Strategy
-    borrow_limit: Annotated[int, Field(ge=-1)] = -1
+    borrow_limit: Annotated[int, Field(ge=UNLIMITED_BORROW)] = UNLIMITED_BORROW
     in_share_preemption: bool = False
     state: State = State.ENABLED
     tags: dict[str, str] = Field(default_factory=dict)
@@ -155,7 +162,7 @@ class QuotaShareSpec(Frozen):
                     {"index": index, "count": cap.max_capacity},
                 )
         _units_once(self.capacity_limits)
-        if self.borrow_limit != -1 and self.strategy is not Strategy.LEND_AND_BORROW:
+        if self.borrow_limit != UNLIMITED_BORROW and self.strategy is not Strategy.LEND_AND_BORROW:
             raise PydanticCustomError("borrow_limit", BORROW_LIMIT_RULE)
         return self
 

@@ -31,8 +31,7 @@ from gpuquota.gateway.auth import AccessDenied
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.render import job_brief
-from gpuquota.observe.metrics import share_maximum
-from gpuquota.sharetable import share_table
+from gpuquota.sharetable import share_maximum, share_table
 
 if TYPE_CHECKING:
     from gpuquota.core.state import ClusterState
@@ -100,15 +99,13 @@ class Console:
                 if job is not None:
                     queued[job.spec.unit] = queued.get(job.spec.unit, 0) + 1
             units = sorted({*row["limits"], *row["usage"], *queued})
-            maximum = {
-                u: share_maximum(row["limits"].get(u, 0), row["strategy"], row["borrowLimit"]) for u in units
-            }
+            maximum = {u: share_maximum(rm, row["jobQueue"], row["quotaShareName"], u) for u in units}
             shares.append(
                 {
                     **row,
                     "units": units,
                     "queued": queued,
-                    "maximum": {u: None if m == float("inf") else int(m) for u, m in maximum.items()},
+                    "maximum": maximum,
                 }
             )
         return _json(
