@@ -57,7 +57,7 @@ $(DEMO_STAMP):
 # Without a C compiler the Python core and exit wrapper run (same behaviour, slower); CI checks the
 # compiled ones are used.
 native: install
-	$(BIN)/python -m gpuquota.build_native || echo "make native: failed, the Python core or exit wrapper will run" >&2
+	$(BIN)/python -m gpuquota.entrypoints.build_native || echo "make native: failed, the Python core or exit wrapper will run" >&2
 
 CORE_TESTS := tests/unit/core tests/property tests/unit/test_snapshots.py
 

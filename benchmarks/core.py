@@ -23,8 +23,8 @@ from typing import Any
 
 from benchmarks.report import print_result
 from benchmarks.server_cpu import HostCpu
-from gpuquota import _native
 from gpuquota.core import ClusterState, decide, evolve, step
+from gpuquota.native import loader as _native
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp

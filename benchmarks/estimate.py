@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 from benchmarks.report import print_result
-from gpuquota import _native
 from gpuquota.core import ClusterState, step
-from gpuquota.readmodel import ReadModel
+from gpuquota.native import loader as _native
+from gpuquota.read.model import ReadModel
 from gpuquota.sim.background import BackgroundEstimator
 from gpuquota.sim.config import Configuration
 from gpuquota.sim.estimate import estimate

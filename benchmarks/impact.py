@@ -17,7 +17,7 @@ from typing import Any
 
 from benchmarks.estimate import build
 from benchmarks.report import print_result
-from gpuquota import _native
+from gpuquota.native import loader as _native
 from gpuquota.sim.background import pickled
 from gpuquota.sim.estimate import likely_end, observed_medians
 from gpuquota.sim.impact import impact

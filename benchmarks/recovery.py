@@ -127,7 +127,7 @@ async def _read_model(kind: str, store: EventStore) -> tuple[ClusterState, int]:
         await shell.recover()
         return shell.state, len(shell.read_model.jobs)
     from gpuquota.gateway.log_tail import LogProjector
-    from gpuquota.readmodel import ReadModel
+    from gpuquota.read.model import ReadModel
 
     projector = LogProjector(store, ReadModel(), POOL)
     await projector.catch_up()

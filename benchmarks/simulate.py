@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks.report import print_result
 from benchmarks.server_cpu import HostCpu
-from gpuquota import _native
+from gpuquota.native import loader as _native
 from gpuquota.sim.config import Configuration
 from gpuquota.sim.engine import simulate, stderr_progress
 from gpuquota.sim.generate import Workload, generate

@@ -1,6 +1,6 @@
 """gpuquota: a self-hosted GPU job scheduler with AWS Batch-style quota shares."""
 
-from gpuquota import _native
+from gpuquota.native import loader as _native
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.image_map import ImageMap
+from gpuquota.config.image_map import ImageMap
 from gpuquota.node_agent.container import ContainerEngine
 from tests.containers import build_trainer_image, find_engine, remove_job_containers
 from tests.gateway.conftest import StackThread, wait_for

@@ -1,4 +1,4 @@
-"""The loopback rule (``gpuquota.exposure``): ``gpuquota up`` and ``gpuquota gateway`` off loopback
+"""The loopback rule (``gpuquota.support.exposure``): ``gpuquota up`` and ``gpuquota gateway`` off loopback
 without keys refuse to start, in one line, before they reach Kafka or PostgreSQL; with
 ``--allow-unauthenticated`` (or its variable) they start and say so in a warning; with keys they start
 quietly. Real processes, real sockets."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.exposure import is_loopback
+from gpuquota.support.exposure import is_loopback
 from tests.pipeline.services import free_port
 
 #: what every refusal says: how to give keys, and how to override

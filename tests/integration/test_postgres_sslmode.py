@@ -13,7 +13,7 @@ import pytest
 
 from gpuquota.adapters.event_store import TransientStoreError
 from gpuquota.adapters.postgres_store import PostgresEventStore
-from gpuquota.settings import SchedulerSettings
+from gpuquota.config.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""A node agent's log server follows the loopback rule (``gpuquota.exposure``): with the node token it
+"""A node agent's log server follows the loopback rule (``gpuquota.support.exposure``): with the node token it
 answers only requests that carry it; off loopback without one, ``gpuquota node-agent`` refuses to start
 (before it reaches Kafka) unless ``--allow-unauthenticated``. The log server on a real socket, bound
 to an address other than loopback where this host has one, and real ``gpuquota node-agent`` processes."""
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.exposure import MIN_TOKEN_LENGTH, TokenError, bearer_matches, read_token
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.node_routes import HttpLogs
 from gpuquota.node_agent.logs import LogServer, log_path
+from gpuquota.support.exposure import MIN_TOKEN_LENGTH, TokenError, bearer_matches, read_token
 from tests.pipeline.services import free_port
 
 TOKEN = "node-token-0123456789abcdef"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.dirlock import DirectoryInUse, DirectoryLock
 from gpuquota.node_agent import SimulatedRuntime, parse_slots
 from gpuquota.node_agent.prepare import prepare
+from gpuquota.support.dirlock import DirectoryInUse, DirectoryLock
 from tests.node_agent.conftest import NODE, AgentFactory, Scheduler, python_payload, run_cmd, wait_until
 
 

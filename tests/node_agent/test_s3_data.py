@@ -15,10 +15,10 @@ from typing import Any
 import boto3
 import pytest
 
+from gpuquota.config.settings import S3Settings
+from gpuquota.entrypoints.metrics_port import agent_families
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, parse_slots
 from gpuquota.node_agent.s3_stage import data_plane
-from gpuquota.observe.services import agent_families
-from gpuquota.settings import S3Settings
 from tests.node_agent.conftest import Scheduler, python_payload, run_cmd, stop_cmd, wait_final, wait_until
 
 TRAINER = """

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from gpuquota.config.settings import NodeAgentSettings
 from gpuquota.node_agent import LaunchError, LaunchSpec, make_runtime, parse_payload
 from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, ulimit_flags
 from gpuquota.node_agent.instances import instance_env, local_instances
 from gpuquota.node_agent.payload import BadPayload
 from gpuquota.node_agent.sagemaker_contract import channel_source, prepare_instance
-from gpuquota.settings import NodeAgentSettings
 
 
 def spec_for(tmp_path: Path, doc: Mapping[str, object], gpus: tuple[tuple[int, ...], ...] = ()) -> LaunchSpec:

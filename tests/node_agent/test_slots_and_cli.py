@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gpuquota.config.settings import NodeAgentSettings
 from gpuquota.entrypoints.cli import main
 from gpuquota.node_agent import (
     INSTANCE_TYPE_GPUS,
@@ -20,7 +21,6 @@ from gpuquota.node_agent import (
 )
 from gpuquota.node_agent.payload import hyperparameter_env
 from gpuquota.node_agent.slots import node_slot_groups
-from gpuquota.settings import NodeAgentSettings
 from gpuquota.wire.base import SlotOffer
 
 

@@ -19,7 +19,7 @@ from gpuquota.observe import healthcheck
 from gpuquota.observe.health import OpsServer, add_routes, broker_probe, lag_probe, readiness
 from gpuquota.observe.metrics import new_registry
 from gpuquota.observe.startup import EXIT_UNREACHABLE, Unreachable, unknown_variables, wait_for
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.wire import events as ev
 from tests.gateway.conftest import wait_for as wait_until
 from tests.gateway.helpers import submit, worked_example

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from gpuquota.observe.metrics import METRICS
-from gpuquota.readmodel import JobView
-from gpuquota.tally import EventTally, failure_class
+from gpuquota.read.model import JobView
+from gpuquota.read.tally import EventTally, failure_class
 from gpuquota.wire import events as ev
 from tests.builders import job
 from tests.gateway.conftest import StackThread, batch_client

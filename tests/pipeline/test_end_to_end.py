@@ -14,9 +14,9 @@ import pytest
 import pytest_asyncio
 
 from gpuquota.adapters.kafka import KafkaTopics
+from gpuquota.client.events import EventsClient, Transition
 from gpuquota.entrypoints.distributed import DistributedStack
 from gpuquota.entrypoints.local_s3 import S3Client
-from gpuquota.events import EventsClient, Transition
 from gpuquota.node_agent import SimulatedRuntime
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import SlotOffer

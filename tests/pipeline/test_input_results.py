@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpuquota.adapters.kafka import KafkaTopics, header
-from gpuquota.events import EventsClient, InputRefused
+from gpuquota.client.events import EventsClient, InputRefused
 from gpuquota.scheduler.faust_app import SchedulerService
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.input_results import InputResult

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota.core import ClusterState, fingerprint, step
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.sim.config import load_configuration
 from gpuquota.sim.estimate import estimate
 from gpuquota.sim.explainer import EstimatingExplainer

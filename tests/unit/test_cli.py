@@ -117,10 +117,11 @@ def test_completion_completes_subcommands_and_flags() -> None:
     sys.version_info >= (3, 13), reason="Python 3.13's argparse lays out options differently (-o, --output X)"
 )
 def test_docs_cli_md_embeds_every_commands_help() -> None:
-    """docs/cli.md holds the ``--help`` of every command; ``python -m gpuquota.ctl.helpdoc`` rewrites it."""
-    from gpuquota.ctl import helpdoc
+    """docs/cli.md holds the ``--help`` of every command; ``python -m gpuquota.entrypoints.helpdoc`` rewrites
+    it."""
+    from gpuquota.entrypoints import helpdoc
 
     text = helpdoc.DOC.read_text()
-    assert helpdoc.embedded(text) == helpdoc.reference(), "run: python -m gpuquota.ctl.helpdoc"
+    assert helpdoc.embedded(text) == helpdoc.reference(), "run: python -m gpuquota.entrypoints.helpdoc"
     for command in ("jobs submit", "jobs logs", "nodes drain", "completion", "shares"):
         assert f"### `gpuquota {command}`" in text

@@ -17,7 +17,7 @@ from jsonschema import Draft201909Validator
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from gpuquota.settings import SERVICE_SETTINGS, NodeAgentSettings
+from gpuquota.config.settings import SERVICE_SETTINGS, NodeAgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -1,4 +1,4 @@
-"""docs/configuration.md names every variable and flag the code reads (gpuquota.docs_config)."""
+"""docs/configuration.md names every variable and flag the code reads (gpuquota.entrypoints.docs_config)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota import docs_config
+from gpuquota.config.settings import SERVICE_SETTINGS
+from gpuquota.entrypoints import docs_config
 from gpuquota.entrypoints.cli import build_parser
-from gpuquota.settings import SERVICE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -19,7 +19,7 @@ SOURCES = ROOT / "services" / "gpuquota"
 
 #: placeholders in docstrings, not variables
 NOT_VARIABLES = {"GPUQUOTA_FOO"}
-REGENERATE = "python -m gpuquota.docs_config --write docs/configuration.md updates the tables"
+REGENERATE = "python -m gpuquota.entrypoints.docs_config --write docs/configuration.md updates the tables"
 
 
 def _variables_in_code() -> set[str]:
@@ -59,7 +59,7 @@ def test_settings_docstring_explains_every_variable() -> None:
     meanings = docs_config.settings_meanings()
     for cls in SERVICE_SETTINGS.values():
         missing = cls.ENV_VARS - meanings.keys()
-        assert not missing, f"gpuquota.settings' variable table lacks {sorted(missing)}"
+        assert not missing, f"gpuquota.config.settings' variable table lacks {sorted(missing)}"
 
 
 def test_generator_replaces_only_its_block(capsys: pytest.CaptureFixture[str]) -> None:

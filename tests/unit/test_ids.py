@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from gpuquota import ids
+from gpuquota.support import ids
 
 
 def test_uuid4_is_a_version_4_rfc_uuid_and_never_repeats() -> None:

@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuquota.config.settings import SERVICE_SETTINGS, NodeAgentSettings
 from gpuquota.node_agent.slots import parse_slots
-from gpuquota.settings import SERVICE_SETTINGS, NodeAgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

@@ -12,8 +12,7 @@ import faust
 import pytest
 
 from gpuquota.adapters.kafka import client_options
-from gpuquota.scheduler.faust_app import faust_credentials
-from gpuquota.settings import (
+from gpuquota.config.settings import (
     PLAINTEXT,
     GatewaySettings,
     KafkaClientSettings,
@@ -21,6 +20,7 @@ from gpuquota.settings import (
     SchedulerSettings,
     SettingsError,
 )
+from gpuquota.scheduler.faust_app import faust_credentials
 
 KAFKA = {"GPUQUOTA_KAFKA": "kafka:9092"}
 SECRET = "s3cret-Kafka-pw"

@@ -8,7 +8,7 @@ import pytest
 from gpuquota.adapters.event_store import InMemoryEventStore, Record, TransientStoreError
 from gpuquota.core import decide, evolve, fingerprint, replay
 from gpuquota.gateway.log_tail import LogProjector
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from tests.builders import Harness, job

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from gpuquota import _native
+from gpuquota.native import loader as _native
 
 
 def mode_in_subprocess(**env: str) -> str:
-    code = "from gpuquota import _native; import gpuquota.core; print(_native.core_mode())"
+    code = "from gpuquota.native import loader as _native; import gpuquota.core; print(_native.core_mode())"
     result = subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, check=True
     )

@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 import gpuquota
+from gpuquota.config.settings import SchedulerSettings
 from gpuquota.core import DEFAULT_POLICY, ClusterState, SchedulingPolicy
 from gpuquota.ctl.apply_doc import ShareDoc
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
-from gpuquota.settings import SchedulerSettings
 from gpuquota.wire.base import (
     BORROW_LIMIT_RULE,
     MAX_SHARE_LIMITS,

@@ -1,4 +1,4 @@
-"""gpuquota.settings: explicit env var lists, typed values, fail-fast errors naming the variable."""
+"""gpuquota.config.settings: explicit env var lists, typed values, fail-fast errors naming the variable."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import gpuquota.settings as settings_module
-from gpuquota.settings import (
+import gpuquota.config.settings as settings_module
+from gpuquota.config.settings import (
     SERVICE_SETTINGS,
     GatewaySettings,
     NodeAgentSettings,
@@ -63,7 +63,7 @@ def test_every_variable_is_documented() -> None:
     doc = settings_module.__doc__ or ""
     for cls in SERVICE_SETTINGS.values():
         for name in cls.ENV_VARS:
-            assert name in doc, f"{name} missing from the gpuquota.settings docstring"
+            assert name in doc, f"{name} missing from the gpuquota.config.settings docstring"
 
 
 def test_defaults_and_parsing() -> None:

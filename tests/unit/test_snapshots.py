@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuquota import _native
 from gpuquota.adapters import snapshots
 from gpuquota.adapters.snapshots import SnapshotError, SnapshotVersionMismatch, dump_state, load_state
 from gpuquota.core import fingerprint
+from gpuquota.native import loader as _native
 from tests.builders import Harness, job
 
 

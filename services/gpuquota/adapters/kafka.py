@@ -32,7 +32,7 @@ from aiokafka.helpers import create_ssl_context
 
 from gpuquota.adapters.message_json import message_json
 from gpuquota.adapters.partitioner import default_partition
-from gpuquota.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.topics import (

@@ -19,14 +19,14 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gpuquota import _native
 from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.core import ClusterState
+from gpuquota.native import loader as _native
 
 SNAPSHOT_SCHEMA_VERSION = 10
 
 COMPILED_FLAG = 0x8000
-"""Set in the header's version by the compiled core (``gpuquota._native``): mypyc's classes pickle
+"""Set in the header's version by the compiled core (``gpuquota.native.loader``): mypyc's classes pickle
 their attributes differently, so each kind of core reads only its own snapshots (the other kind
 rebuilds from the log, as after any version change)."""
 

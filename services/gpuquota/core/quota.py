@@ -191,7 +191,7 @@ class Figures:
     """The capacity figures that decide whether one job of one share fits, as of now.
 
     Treat as immutable. A plain class, not a dataclass: the scheduling pass builds one for every head
-    it tries, and mypyc compiles a plain class's constructor (``gpuquota._native``), not a slotted
+    it tries, and mypyc compiles a plain class's constructor (``gpuquota.native.loader``), not a slotted
     dataclass's generated one.
     """
 

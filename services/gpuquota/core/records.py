@@ -24,7 +24,7 @@ _UNPICKLING_SHARE = QuotaShareSpec.model_construct(
     name="", job_queue="", capacity_limits=(), strategy=Strategy.RESERVE
 )
 """A placeholder for constructors called without arguments. Every record's constructor can be: the
-compiled core (``gpuquota._native``) runs ``__init__`` when pickle rebuilds an object (snapshots),
+compiled core (``gpuquota.native.loader``) runs ``__init__`` when pickle rebuilds an object (snapshots),
 and the pickled attributes then replace what it set."""
 
 # Enum members as plain module constants: reading ``JobStatus.RUNNABLE`` goes through the enum class
@@ -136,7 +136,7 @@ class JobRecord(Mutable):
 
     def __getstate__(self) -> tuple[Any, ...]:
         """Snapshots hold a million of these: a plain tuple pickles and loads faster than attribute
-        dictionaries, and the compiled core (``gpuquota._native``) restores it with direct stores."""
+        dictionaries, and the compiled core (``gpuquota.native.loader``) restores it with direct stores."""
         return (
             self._journal,
             self.attempt_duration_seconds,

@@ -8,7 +8,7 @@ Adding or removing a key bisects ``maxes`` to find its chunk, then bisects and e
 O(log n) comparisons and a memory move of at most ``2 * LOAD`` pointers, whatever the length. A
 chunk that grows past ``2 * LOAD`` is split in two; an empty one is dropped.
 
-It lives in the core so that the compiled core (``gpuquota._native``) compiles it too: the share
+It lives in the core so that the compiled core (``gpuquota.native.loader``) compiles it too: the share
 queues' inserts and removals are on the scheduler's hottest path.
 """
 

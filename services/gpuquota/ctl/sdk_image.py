@@ -1,7 +1,7 @@
 """The local training image of the SageMaker SDK's jobs (``gpuquota demo --sdk``, the blog's test).
 
 The blog's ``ModelTrainer`` names the SDK's PyTorch image in AWS's ECR, which a self-hosted node does
-not pull: the node's image map (``GPUQUOTA_IMAGE_MAP``, ``gpuquota.image_map``) sends that
+not pull: the node's image map (``GPUQUOTA_IMAGE_MAP``, ``gpuquota.config.image_map``) sends that
 repository to this image instead. It is ``localhost/gpuquota-python:dev`` (Debian's python3 and pip,
 built from Debian's packages by ``deploy/local/images.sh python``: what the SDK's ``sm_train.sh``
 needs) with one layer more: a ``python3`` first on ``PATH`` that waits ``start_seconds`` once per

@@ -4,7 +4,7 @@
 Subcommands: ``version``, ``completion``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and
 the client commands ``apply``, ``jobs``, ``shares``, ``queues``, ``nodes``, ``explain``
 (:mod:`gpuquota.ctl`). Services read their configuration from ``GPUQUOTA_*`` environment variables
-(see :mod:`gpuquota.settings`), not from flags. Usage errors exit 2 (argparse's convention), failures
+(see :mod:`gpuquota.config.settings`), not from flags. Usage errors exit 2 (argparse's convention), failures
 1; ``docs/cli.md`` embeds every ``--help``.
 """
 

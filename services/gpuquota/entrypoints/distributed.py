@@ -7,7 +7,7 @@
 * ``DistributedStack``: all three in one process (``gpuquota up --kafka ... --database-url ...``).
 
 ``gpuquota gateway``, ``gpuquota scheduler`` and ``gpuquota node-agent`` run one service each,
-configured by ``GPUQUOTA_*`` variables (``gpuquota.settings``).
+configured by ``GPUQUOTA_*`` variables (``gpuquota.config.settings``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
-from gpuquota.arns import ArnFactory
-from gpuquota.clock import wall_clock_ms
+from gpuquota.config.settings import PLAINTEXT, GatewaySettings, KafkaSecurity, SchedulerSettings
 from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
-from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import S3Client
+from gpuquota.entrypoints.metrics_port import scheduler_ops
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import Keyring
@@ -45,12 +44,13 @@ from gpuquota.node_agent.kafka_link import KafkaNodeLink
 from gpuquota.node_agent.logs import LogServer
 from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
-from gpuquota.observe.services import scheduler_ops
 from gpuquota.observe.startup import drain, run_service, wait_for_dependencies, warn_unknown_variables
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.scheduler.loop import GC_THRESHOLDS
-from gpuquota.settings import PLAINTEXT, GatewaySettings, KafkaSecurity, SchedulerSettings
+from gpuquota.support.arns import ArnFactory
+from gpuquota.support.clock import wall_clock_ms
+from gpuquota.support.dirlock import DirectoryLock
 from gpuquota.wire.base import SlotOffer
 
 log = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ _S = TypeVar("_S", GatewaySettings, SchedulerSettings)
 
 def _settings(command: str, kind: type[_S], environ: dict[str, str] | None) -> _S | None:
     """The service's settings from the environment, its logging configured; None (printed) if invalid."""
-    from gpuquota.settings import SettingsError
+    from gpuquota.config.settings import SettingsError
 
     env = os.environ if environ is None else environ
     warn_unknown_variables(command, env)
@@ -424,8 +424,8 @@ def run_gateway(
     ``allow_unauthenticated`` (``--allow-unauthenticated``) or its variable lifts the loopback rule;
     ``allowed_hosts`` and ``allowed_origins`` (``--allowed-hosts``, ``--allowed-origins``) override
     ``GPUQUOTA_ALLOWED_HOSTS`` and ``GPUQUOTA_ALLOWED_ORIGINS``."""
-    from gpuquota.exposure import read_token
     from gpuquota.gateway.auth import load_auth
+    from gpuquota.support.exposure import read_token
 
     settings = _settings("gpuquota gateway", GatewaySettings, environ)
     if settings is None:

@@ -25,12 +25,17 @@ from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.adapters.sqlite_store import STORE_FILE
-from gpuquota.arns import ArnFactory
+from gpuquota.config.image_map import IMAGE_MAP_ENV
+from gpuquota.config.settings import (
+    PLAINTEXT,
+    KafkaClientSettings,
+    KafkaSecurity,
+    SettingsError,
+    forget_secrets,
+)
 from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
-from gpuquota.dirlock import DirectoryLock
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import LocalS3Error, S3Client, s3_client, s3_settings
-from gpuquota.exposure import allowed_by_env
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.browser_guard import (
@@ -41,7 +46,6 @@ from gpuquota.gateway.browser_guard import (
 )
 from gpuquota.gateway.node_routes import LocalLogs, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
-from gpuquota.image_map import IMAGE_MAP_ENV
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
 from gpuquota.node_agent.container import ENGINES
 from gpuquota.node_agent.s3_stage import DataPlane, data_plane
@@ -50,10 +54,12 @@ from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
 from gpuquota.observe.startup import drain, run_loop, warn_unknown_variables
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
-from gpuquota.settings import PLAINTEXT, KafkaClientSettings, KafkaSecurity, SettingsError, forget_secrets
+from gpuquota.support.arns import ArnFactory
+from gpuquota.support.dirlock import DirectoryLock
+from gpuquota.support.exposure import allowed_by_env
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NodeCommand

@@ -16,12 +16,12 @@ from gpuquota.core import ClusterState
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.browser_guard import BrowserGuard, BrowserPolicy
 from gpuquota.gateway.dry_run import ImpactRoute
-from gpuquota.httpserver import HttpServer
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.sim.background import pickled
 from gpuquota.sim.estimate import EndOf, likely_end, observed_medians
 from gpuquota.sim.explainer import EstimatingExplainer
 from gpuquota.sim.impact import impact
+from gpuquota.support.httpserver import HttpServer
 from gpuquota.wire.inputs import SchedulerInput
 
 

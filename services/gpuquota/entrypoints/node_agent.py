@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuquota.settings import NodeAgentSettings
+    from gpuquota.config.settings import NodeAgentSettings
     from gpuquota.wire.base import SlotOffer
 
 #: flag -> help; each sets the settings field of its name (``--work-dir`` sets ``data_dir``)
@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
-    from gpuquota.settings import env_var
+    from gpuquota.config.settings import env_var
 
     merged = dict(environ)
     for dest, field in _FLAGS.items():
@@ -71,10 +71,10 @@ def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> di
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
-    from gpuquota.exposure import TokenError, read_token
+    from gpuquota.config.settings import NodeAgentSettings, SettingsError, forget_secrets
     from gpuquota.node_agent.slots import SlotSpecError, discover_slots
     from gpuquota.observe.startup import warn_unknown_variables
-    from gpuquota.settings import NodeAgentSettings, SettingsError, forget_secrets
+    from gpuquota.support.exposure import TokenError, read_token
 
     prog = "gpuquota node-agent"
     env = os.environ if environ is None else environ
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 
 
 def _check_log_server(settings: NodeAgentSettings, token: str | None) -> None:
-    """The loopback rule for the log server (``gpuquota.exposure``): raises ``Exposed``."""
-    from gpuquota.exposure import TOKEN_FILE_ENV, check_exposure
+    """The loopback rule for the log server (``gpuquota.support.exposure``): raises ``Exposed``."""
+    from gpuquota.support.exposure import TOKEN_FILE_ENV, check_exposure
 
     if settings.logs_port:
         give = f"--node-token-file FILE or {TOKEN_FILE_ENV}=FILE (the gateway's too)"
@@ -125,10 +125,10 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str
     """Run the agent over Kafka until SIGTERM/SIGINT."""
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import NodeAgentService, configure_logging, serve
+    from gpuquota.entrypoints.metrics_port import agent_ops
     from gpuquota.node_agent import make_runtime
     from gpuquota.node_agent.s3_stage import data_plane
     from gpuquota.observe.logs import bind
-    from gpuquota.observe.services import agent_ops
     from gpuquota.observe.startup import run_service, wait_for_dependencies
 
     configure_logging(settings.log_level, settings.log_format)

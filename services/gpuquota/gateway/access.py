@@ -11,10 +11,10 @@ import datetime as dt
 
 from aiohttp import web
 
-from gpuquota.clock import Clock
 from gpuquota.gateway.auth import SERVICE, AccessDenied, Keyring, Principal, SignedRequest, verify
 from gpuquota.gateway.context import Context
 from gpuquota.gateway.errors import ClientException
+from gpuquota.support.clock import Clock
 
 
 async def authenticate(

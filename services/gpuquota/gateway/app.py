@@ -37,7 +37,6 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.gateway import environments, identity, jobs, policies, queues, shares, tags
 from gpuquota.gateway.access import authenticate, check_job, denied
 from gpuquota.gateway.auth import Keyring, Principal
@@ -51,7 +50,8 @@ from gpuquota.gateway.extensions import Explainer, explain, share_table_of
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort
 from gpuquota.gateway.shapes import batch_shapes
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
+from gpuquota.support.clock import Clock, wall_clock_ms
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("CreateSchedulingPolicy", policies.create),

@@ -52,8 +52,8 @@ from botocore.credentials import Credentials
 from botocore.utils import percent_encode_sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpuquota.exposure import ALLOW_ENV, ALLOW_FLAG, check_exposure
 from gpuquota.gateway.errors import ApiError
+from gpuquota.support.exposure import ALLOW_ENV, ALLOW_FLAG, check_exposure
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def load_auth(
     """The keyring of the keys file ``path``; ``None`` (no file): authentication is off.
 
     Raises ``KeyConfigError``, and ``Exposed`` when the API would listen beyond the loopback interface
-    without keys and without ``allow_unauthenticated`` (``gpuquota.exposure``: the loopback rule).
+    without keys and without ``allow_unauthenticated`` (``gpuquota.support.exposure``: the loopback rule).
     """
     if not path:
         give = f"--auth-keys FILE or {AUTH_KEYS_ENV}=FILE (docs/authentication.md)"

@@ -14,15 +14,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gpuquota.arns import ArnFactory
-from gpuquota.clock import Clock
 from gpuquota.gateway.auth import Principal
 from gpuquota.gateway.edge import validation_message
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort, CommandRejected
-from gpuquota.ids import uuid7
-from gpuquota.readmodel import JobView, ReadModel, ResourceView
+from gpuquota.read.model import JobView, ReadModel, ResourceView
+from gpuquota.support.arns import ArnFactory
+from gpuquota.support.clock import Clock
+from gpuquota.support.ids import uuid7
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (
     JobQueueSpec,

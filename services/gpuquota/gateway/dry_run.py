@@ -27,7 +27,7 @@ from gpuquota.gateway.edge import body_params
 from gpuquota.gateway.edge import json_response as _json
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
-from gpuquota.readmodel import ResourceView
+from gpuquota.read.model import ResourceView
 from gpuquota.wire.inputs import SchedulerInput
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from gpuquota.gateway.errors import ApiError, ClientException, ServerException
 from gpuquota.gateway.params import Params
-from gpuquota.ids import uuid4
+from gpuquota.support.ids import uuid4
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from gpuquota.core.explain import Explanation
 from gpuquota.gateway.context import Context
 from gpuquota.gateway.render import camel, job_brief
-from gpuquota.sharetable import share_table
+from gpuquota.read.shares import share_table
 
 Explainer = Callable[[str], Explanation | None]
 """``gpuquota.core.explain.explain`` bound to the scheduler's state (embedded mode)."""

@@ -51,7 +51,6 @@ from xml.sax.saxutils import escape
 
 from aiohttp import web
 
-from gpuquota.clock import Clock
 from gpuquota.gateway.access import authenticate
 from gpuquota.gateway.auth import (
     AuthError,
@@ -61,6 +60,7 @@ from gpuquota.gateway.auth import (
     UnrecognizedClient,
 )
 from gpuquota.gateway.errors import ApiError
+from gpuquota.support.clock import Clock
 
 STS_VERSION = "2011-06-15"
 IAM_VERSION = "2010-05-08"

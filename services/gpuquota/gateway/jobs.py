@@ -17,8 +17,8 @@ from gpuquota.gateway.edge import parse_json, token_job_id
 from gpuquota.gateway.errors import ApiError, ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_job, job_summary
-from gpuquota.ids import uuid4
-from gpuquota.readmodel import JobView
+from gpuquota.read.model import JobView
+from gpuquota.support.ids import uuid4
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import ExitRule, JobSpec
 

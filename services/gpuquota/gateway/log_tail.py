@@ -35,7 +35,7 @@ from collections.abc import Callable
 from gpuquota.adapters.event_store import EventStore, Record, TransientStoreError
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.core import ClusterState
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.wire.events import SchedulerEvent
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """gpuquota's node endpoints (not AWS): ``gpuquota nodes`` and ``gpuquota jobs logs``.
 
-- ``GET /gpuquota/v1/nodes`` lists the read model's nodes (``gpuquota.nodeview``).
+- ``GET /gpuquota/v1/nodes`` lists the read model's nodes (``gpuquota.read.nodes``).
 - ``POST /gpuquota/v1/nodes/{node}/drain`` and ``.../undrain`` send ``DrainNode`` / ``UndrainNode``
   to the scheduler: a draining node gets no new dispatches and its running attempts finish.
 - ``GET /gpuquota/v1/jobs/{job}/logs?attempt=N&offset=K`` answers a piece of an attempt's log,
@@ -25,12 +25,12 @@ import aiohttp
 from aiohttp import web
 
 from gpuquota.adapters.attempt_logs import MAX_CHUNK, log_path, read_log
-from gpuquota.exposure import TOKEN_FILE_ENV, bearer
 from gpuquota.gateway.access import check_job, denied
 from gpuquota.gateway.app import Gateway
 from gpuquota.gateway.edge import json_response as _json
 from gpuquota.gateway.errors import ClientException
-from gpuquota.nodeview import ACTIVE, ActiveAttempt
+from gpuquota.read.nodes import ACTIVE, ActiveAttempt
+from gpuquota.support.exposure import TOKEN_FILE_ENV, bearer
 from gpuquota.wire import inputs as inp
 
 NODE_LOGS_TIMEOUT = 10.0
@@ -60,7 +60,7 @@ class LocalLogs:
 
 class HttpLogs:
     """Logs served by each node agent's log server; ``url`` names it, e.g. ``http://{node_id}:8643`` or
-    ``http://{address}:8643``; ``token``, the node token (``gpuquota.exposure``), is sent as a bearer
+    ``http://{address}:8643``; ``token``, the node token (``gpuquota.support.exposure``), is sent as a bearer
     token. ``GatewaySettings`` refuses a template with other fields at start."""
 
     def __init__(self, url: str, token: str | None = None) -> None:

@@ -2,7 +2,7 @@
 
 ``describe_*`` and ``job_summary`` follow botocore's ``batch`` model (times in epoch milliseconds);
 ``snapshot`` answers ``GetJobQueueSnapshot``. Nothing here changes the read model. (gpuquota's own
-share rows, ``gpuquota shares``, come from ``gpuquota.sharetable``.)
+share rows, ``gpuquota shares``, come from ``gpuquota.read.shares``.)
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel as camel
 
-from gpuquota.arns import ArnFactory
-from gpuquota.readmodel import AttemptView, JobView, ReadModel, ResourceView, RunnableKey
-from gpuquota.sharetable import share_usage
+from gpuquota.read.model import AttemptView, JobView, ReadModel, ResourceView, RunnableKey
+from gpuquota.read.shares import share_usage
+from gpuquota.support.arns import ArnFactory
 from gpuquota.wire.base import (
     JobQueueSpec,
     JobStatus,

@@ -16,7 +16,7 @@ from gpuquota.gateway.environments import pool_of
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, check_tags
 from gpuquota.gateway.policies import policy_with_extensions
-from gpuquota.readmodel import JobView, ResourceView
+from gpuquota.read.model import JobView, ResourceView
 from gpuquota.wire import inputs as inp
 
 Target = JobView | ResourceView[Any]

@@ -48,7 +48,7 @@ def make_runtime(kind: str, container_engine: str | None = None, image_map: str 
     if kind in ("simulated", "fake"):
         return SimulatedRuntime()
     if kind == "container":
-        from gpuquota.image_map import ImageMap
+        from gpuquota.config.image_map import ImageMap
         from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, EngineMissing
 
         try:

@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota.core.policy import DEFAULT_POLICY
-from gpuquota.dirlock import DirectoryLock
-from gpuquota.ids import uuid4, uuid7
 from gpuquota.node_agent.checkpoint_watch import refresh
 from gpuquota.node_agent.outcomes import FinalStatus, final_status
 from gpuquota.node_agent.payload import BadPayload, parse_payload
@@ -54,6 +52,8 @@ from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.node_agent.saving import StateSaver
 from gpuquota.node_agent.sending import LOST_REASON, Send, SendMany, head_batch
 from gpuquota.observe.logs import bind
+from gpuquota.support.dirlock import DirectoryLock
+from gpuquota.support.ids import uuid4, uuid7
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import (
     AttemptReport,

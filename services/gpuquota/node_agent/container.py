@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuquota.image_map import ImageMap
+from gpuquota.config.image_map import ImageMap
 from gpuquota.node_agent import children
 from gpuquota.node_agent.images import PullError, ensure_image
 from gpuquota.node_agent.instances import (

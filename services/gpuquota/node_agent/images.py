@@ -7,7 +7,7 @@ ECR address such as the SageMaker SDK's PyTorch image, which a self-hosted node 
 reach. Before an attempt's containers start, the runtime:
 
 1. **rewrites** the reference with the node's image map (``GPUQUOTA_IMAGE_MAP``,
-   :class:`gpuquota.image_map.ImageMap`):
+   :class:`gpuquota.config.image_map.ImageMap`):
    a reference is looked up whole first (``repo:tag``, ``repo@digest``), then by its repository alone
    (an entry without tag maps every tag of that repository); an image the map does not name runs as
    given;
@@ -17,7 +17,7 @@ reach. Before an attempt's containers start, the runtime:
    message>`` as its statusReason (a launch failure: it counts against the job's retries like any
    other, and ``gpuquota explain`` shows it).
 
-The map itself is pure, in ``gpuquota.image_map`` (the settings check it at start-up).
+The map itself is pure, in ``gpuquota.config.image_map`` (the settings check it at start-up).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The gateway reads them by byte offset, so ``gpuquota jobs logs --follow`` polls 
 embedded mode the gateway opens the file itself; in distributed mode it asks the node's log server,
 ``GET /logs/{attempt id}?offset=N&limit=M``, which answers the bytes (404: no such log yet).
 
-Every job's output is readable there, so the server follows the loopback rule (``gpuquota.exposure``):
+Every job's output is readable there, so the server follows the loopback rule (``gpuquota.support.exposure``):
 given the node token it answers only requests that carry ``Authorization: Bearer <token>`` (401
 otherwise, before the path is looked at); bound off loopback without a token the agent refuses to
 start unless ``--allow-unauthenticated``. A node agent's ``--metrics-port`` serves no logs.
@@ -21,8 +21,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gpuquota.adapters.attempt_logs import MAX_CHUNK, log_path, read_log
-from gpuquota.exposure import bearer_matches
-from gpuquota.httpserver import HttpServer
+from gpuquota.support.exposure import bearer_matches
+from gpuquota.support.httpserver import HttpServer
 
 __all__ = ["MAX_CHUNK", "LogServer", "log_path", "read_log"]
 

@@ -3,7 +3,7 @@
 ``exit_wrapper.c`` and ``exit_wrapper.py`` keep one contract (see either's opening comment). The C one
 costs a fork and an exec per attempt, the Python one a Python interpreter's start-up (about 3 ms of
 CPU: at a hundred starts a second, a third of a core). ``make native`` (``python -m
-gpuquota.build_native``) compiles the C one with the system C compiler (``$CC``, else ``cc``, else
+gpuquota.entrypoints.build_native``) compiles the C one with the system C compiler (``$CC``, else ``cc``, else
 ``gcc``) into ``_compiled/exit-wrapper`` beside this module (not tracked by git), with the digest of
 its source; without a compiler the build says so and the Python one runs. A build whose source has
 changed since is never used (as for the compiled core).

@@ -21,8 +21,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import TransientStoreError
-from gpuquota.httpserver import HttpServer
 from gpuquota.observe.metrics import CONTENT_TYPE, exposition
+from gpuquota.support.httpserver import HttpServer
 
 if TYPE_CHECKING:
     from gpuquota.adapters.event_store import EventStore

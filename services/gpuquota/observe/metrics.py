@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The gauges (per share and unit, per pool, per node) are not updated on the hot path: a custom collector
 reads the read model and the core's ``ClusterState`` when Prometheus scrapes. The counters are folded
-from the scheduler's events by the read model's tally (``gpuquota.tally``), fed with each event it
+from the scheduler's events by the read model's tally (``gpuquota.read.tally``), fed with each event it
 applies (a few dictionary increments per event), so they describe the whole log and are rebuilt with it. Only
 what cannot be derived afterwards is measured on the way, per batch and not per input: the scheduling
 step time, the log append time and batch size (:class:`Timings`; the scheduler loop times its one
@@ -27,13 +27,13 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuquota.sharetable import share_maximum, share_table
-from gpuquota.tally import TALLY_METRICS
+from gpuquota.read.shares import share_maximum, share_table
+from gpuquota.read.tally import TALLY_METRICS
 from gpuquota.wire.base import Strategy
 
 if TYPE_CHECKING:
     from gpuquota.core.state import ClusterState
-    from gpuquota.readmodel import ReadModel
+    from gpuquota.read.model import ReadModel
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
-from gpuquota.settings import ENV_PREFIX, SERVICE_SETTINGS
+from gpuquota.config.settings import ENV_PREFIX, SERVICE_SETTINGS
 
 T = TypeVar("T")
 

@@ -60,6 +60,7 @@ from gpuquota.adapters.kafka import (
     ssl_context,
 )
 from gpuquota.adapters.partitioner import default_partition
+from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.observe.metrics import Timings
 from gpuquota.scheduler.faust_transport import Inbox, RawSchema, SchedulerApp
@@ -67,7 +68,6 @@ from gpuquota.scheduler.loop import JobStateRecord, LoopFailed, RetryPolicy
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, PipelineSettings
 from gpuquota.scheduler.records import SourceRecord
 from gpuquota.scheduler.rewind import rewind_assigned
-from gpuquota.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult

@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, Snapshot, StaleWriter
-from gpuquota.clock import Clock
 from gpuquota.scheduler.loop import Appender, LoopFailed, RetryPolicy, StepBatch, answers
 from gpuquota.scheduler.pacing import Snapshots
 from gpuquota.scheduler.pools import PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher
+from gpuquota.support.clock import Clock
 from gpuquota.wire.inputs import SchedulerInput
 
 log = logging.getLogger(__name__)

@@ -73,8 +73,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, StaleWriter
-from gpuquota.clock import Clock, wall_clock_ms
-from gpuquota.ids import uuid4
 from gpuquota.scheduler.flight import BatchFlight, Item, Outcome, PipelineFailed, Tail, gathered
 from gpuquota.scheduler.loop import (
     Appender,
@@ -89,6 +87,8 @@ from gpuquota.scheduler.pacing import Snapshots
 from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
+from gpuquota.support.clock import Clock, wall_clock_ms
+from gpuquota.support.ids import uuid4
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import result_of_undecodable

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from gpuquota.adapters.event_store import EventStore, Record
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.adapters.snapshots import SnapshotError, load_state
-from gpuquota.clock import Clock
 from gpuquota.core import ClusterState
 from gpuquota.scheduler.loop import Effects, Publisher, answers
 from gpuquota.scheduler.pools import PoolRuntime
+from gpuquota.support.clock import Clock
 from gpuquota.wire.base import JobStatus
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt

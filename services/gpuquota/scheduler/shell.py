@@ -69,12 +69,12 @@ from typing import Any, TypeVar
 
 from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record, StoreWriteFailed
 from gpuquota.adapters.log_fold import fold_log
-from gpuquota.clock import Clock, wall_clock_ms
 from gpuquota.core import ClusterState, evolve
-from gpuquota.ids import uuid7
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.scheduler import loop
 from gpuquota.scheduler.local_publisher import EventSubscriber, LocalPublisher, NodeCommandSink
+from gpuquota.support.clock import Clock, wall_clock_ms
+from gpuquota.support.ids import uuid7
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import Message
 from gpuquota.wire.events import SchedulerEvent

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.core import ClusterState
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.sim import estimate as sync
 from gpuquota.wire.base import JobStatus
 

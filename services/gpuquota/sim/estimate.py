@@ -35,7 +35,7 @@ from typing import Any
 from gpuquota.core import ClusterState, step
 from gpuquota.core.context import construct
 from gpuquota.core.state import JobRecord, ShareKey
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobStatus

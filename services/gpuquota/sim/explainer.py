@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gpuquota.core import ClusterState, Explanation, explain
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.sim.background import BackgroundEstimator
 from gpuquota.wire.base import JobStatus
 

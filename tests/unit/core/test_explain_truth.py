@@ -12,7 +12,7 @@ from gpuquota.core import evolve, fingerprint, replay
 from gpuquota.core.blocked import SERVICE_ENVIRONMENT_MAX_RESOURCE as SE_MAX
 from gpuquota.core.explain import explain
 from gpuquota.core.hygiene import MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import State
 from tests.builders import G5, Harness, ShareBuilder, job, share

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from benchmarks import core as workload
-from gpuquota import _native
 from gpuquota.core import schedule
 from gpuquota.core.context import Context
+from gpuquota.native import loader as _native
 from gpuquota.wire import inputs as inp
 
 

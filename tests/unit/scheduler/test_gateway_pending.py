@@ -8,7 +8,7 @@ import pytest
 
 from gpuquota.gateway import ClientException, CommandRejected, Gateway
 from gpuquota.gateway.params import Params
-from gpuquota.readmodel import ReadModel
+from gpuquota.read.model import ReadModel
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.inputs import SchedulerInput

@@ -14,9 +14,9 @@ from gpuquota.adapters.event_store import InMemoryEventStore, TransientStoreErro
 from gpuquota.adapters.sqlite_store import SqliteEventStore
 from gpuquota.core import fingerprint
 from gpuquota.gateway.render import describe_job
+from gpuquota.read.shares import share_table
 from gpuquota.scheduler.loop import LoopFailed
 from gpuquota.scheduler.shell import SchedulerShell
-from gpuquota.sharetable import share_table
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import (

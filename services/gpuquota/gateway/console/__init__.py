@@ -31,12 +31,12 @@ from gpuquota.gateway.auth import AccessDenied
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.render import job_brief
-from gpuquota.sharetable import share_maximum, share_table
+from gpuquota.read.shares import share_maximum, share_table
 
 if TYPE_CHECKING:
     from gpuquota.core.state import ClusterState
     from gpuquota.gateway.app import Gateway
-    from gpuquota.readmodel import JobView
+    from gpuquota.read.model import JobView
 
 STATIC = Path(__file__).parent / "static"
 POLL_MS = 1000

@@ -1,5 +1,8 @@
 """Typed settings of the gpuquota services, read from an explicit list of environment variables.
 
+It lives in ``gpuquota.config``, below the adapters: ``adapters/kafka.py`` and the event client
+import its ``KafkaSecurity``, so it cannot live in ``gpuquota.entrypoints``.
+
 Every field ``foo`` of a settings class is read from ``GPUQUOTA_FOO``; nothing else is read.
 ``<Class>.ENV_VARS`` is the set of variables a class reads and ``<Class>.REQUIRED_ENV_VARS`` the
 ones without a default. ``from_env`` fails fast with :class:`SettingsError`, whose message names
@@ -107,8 +110,8 @@ from pydantic import (
     field_validator,
 )
 
+from gpuquota.config.image_map import ImageMap
 from gpuquota.core.policy import DEFAULT_POLICY
-from gpuquota.image_map import ImageMap
 
 ENV_PREFIX = "GPUQUOTA_"
 
@@ -368,10 +371,11 @@ class GatewaySettings(_DatabaseSettings):
     pool: Name = "default"
     auth_keys: Path | None = None
     allow_unauthenticated: bool = False
-    """Serve the API off loopback without ``auth_keys`` (``gpuquota.exposure``: refused otherwise)."""
+    """Serve the API off loopback without ``auth_keys`` (``gpuquota.support.exposure``: refused otherwise)."""
     node_logs_url: str = ""
     node_token: str = ""
-    """What the gateway shows the node agents' log servers (``gpuquota.exposure``); or ``node_token_file``."""
+    """What the gateway shows the node agents' log servers (``gpuquota.support.exposure``); or
+    ``node_token_file``."""
     node_token_file: Path | None = None
     allowed_hosts: str = ""
     allowed_origins: str = ""
@@ -488,7 +492,7 @@ class NodeAgentSettings(_Settings, S3Settings):
     runtime: Literal["process", "simulated", "subprocess", "fake", "container"] = "subprocess"
     container_engine: Literal["podman", "docker"] | None = None
     image_map: str = ""
-    """:class:`~gpuquota.image_map.ImageMap`'s text, checked at start-up."""
+    """:class:`~gpuquota.config.image_map.ImageMap`'s text, checked at start-up."""
     preemption_grace: Annotated[float, Field(ge=0, le=86400)] = DEFAULT_POLICY.preemption_grace_seconds
     heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_POLICY.heartbeat_seconds
     data_dir: Path = Path(".gpuquota")
@@ -496,7 +500,7 @@ class NodeAgentSettings(_Settings, S3Settings):
     logs_port: Annotated[int, Field(ge=0, le=65535)] = 0
     logs_host: Annotated[str, Field(min_length=1, max_length=256)] = "0.0.0.0"
     node_token: str = ""
-    """The token the log server requires (``gpuquota.exposure``); or ``node_token_file``."""
+    """The token the log server requires (``gpuquota.support.exposure``); or ``node_token_file``."""
     node_token_file: Path | None = None
     allow_unauthenticated: bool = False
     """Serve the log server off loopback without a node token (refused otherwise)."""

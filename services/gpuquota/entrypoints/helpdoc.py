@@ -1,6 +1,6 @@
 """The ``--help`` of every ``gpuquota`` command, as embedded in docs/cli.md (a test keeps them equal).
 
-``python -m gpuquota.ctl.helpdoc`` rewrites the section of docs/cli.md between the two markers below;
+``python -m gpuquota.entrypoints.helpdoc`` rewrites the section of docs/cli.md between the two markers below;
 ``--check`` exits 1 when it differs. Help is formatted 100 columns wide, whatever the terminal.
 """
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-BEGIN = "<!-- BEGIN GENERATED HELP: python -m gpuquota.ctl.helpdoc -->"
+BEGIN = "<!-- BEGIN GENERATED HELP: python -m gpuquota.entrypoints.helpdoc -->"
 END = "<!-- END GENERATED HELP -->"
 WIDTH = "100"
 DOC = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if current == wanted:
         return 0
     if check:
-        print(f"{DOC} is out of date: run python -m gpuquota.ctl.helpdoc", file=sys.stderr)
+        print(f"{DOC} is out of date: run python -m gpuquota.entrypoints.helpdoc", file=sys.stderr)
         return 1
     DOC.write_text(text.replace(current, wanted))
     print(f"rewrote the command reference in {DOC}")

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-``python -m gpuquota.build_native`` (``make native``; ``make test`` and ``make demo`` run it) compiles
-the modules of ``gpuquota.core`` with mypyc, from the very same source files, into extension modules
+``python -m gpuquota.entrypoints.build_native`` (``make native``; ``make test`` and ``make demo`` run it)
+compiles the modules of ``gpuquota.core`` with mypyc, from the very same source files, into extension modules
 under ``gpuquota/core/_compiled/``, and writes there the digest of the sources it compiled: the core's
 and the wire contract's ``.py`` files, the Python version and the mypy version.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]
 CORE = PACKAGE / "core"
 COMPILED = CORE / "_compiled"
 DIGEST_FILE = COMPILED / "SOURCES.sha256"
@@ -40,7 +40,7 @@ top-level module: the modules' shims import it while ``gpuquota.core`` is still 
 LIBRARY = GROUP + "__mypyc"
 PURE_ENV = "GPUQUOTA_PURE_PYTHON"
 BUILD_FORMAT = 1
-"""Bump when ``gpuquota.build_native`` lays out or compiles the core differently."""
+"""Bump when ``gpuquota.entrypoints.build_native`` lays out or compiles the core differently."""
 
 _mode = "python (not built: run `make native`)"
 

@@ -24,10 +24,10 @@ from typing import Any, Generic, TypeVar
 from pydantic.alias_generators import to_camel
 from sortedcontainers import SortedList
 
-from gpuquota.arns import ArnFactory
 from gpuquota.core.records import QueueKey, queue_order
-from gpuquota.nodeview import NodeTable
-from gpuquota.tally import EventTally
+from gpuquota.read.nodes import NodeTable
+from gpuquota.read.tally import EventTally
+from gpuquota.support.arns import ArnFactory
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import (
     JobQueueSpec,
@@ -154,7 +154,7 @@ class ReadModel:
         """SubmitServiceJob ``clientToken`` -> (fingerprint of the request, job id)."""
         self.last_event_at = 0
         self.tally = EventTally()
-        """Counters of the applied events (Prometheus, ``gpuquota.tally``)."""
+        """Counters of the applied events (Prometheus, ``gpuquota.read.tally``)."""
         self.nodes = NodeTable()
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
         self.head_since: dict[ShareKey, tuple[str, int]] = {}

@@ -25,7 +25,7 @@ from typing import Any
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from gpuquota.testing import CONTAINER_PORT, DEFAULT_IMAGE, DEFAULT_NODES, REGION
+from gpuquota.testing.defaults import CONTAINER_PORT, DEFAULT_IMAGE, DEFAULT_NODES, REGION
 
 READY_LINE = "gpuquota ready on"  # what `gpuquota up` prints once its gateway listens
 

@@ -29,7 +29,7 @@ instances) and ``gpuquota_runtime`` (default ``simulated``: no processes; a job 
 ``@pytest.mark.gpuquota(nodes="ml.g5.xlarge=2,ml.p4d.24xlarge=1", runtime="process")``.
 
 Outside pytest, :func:`start_stack` is the same thing as a context manager, and
-:class:`GpuquotaContainer` (``gpuquota.testcontainer``, imported from here on first use) is the docker
+:class:`GpuquotaContainer` (``gpuquota.testing.container``, imported from here on first use) is the docker
 mode's container itself, for tests that manage their own testcontainers.
 """
 
@@ -55,18 +55,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, get_args
 
 import pytest
 
+from gpuquota.testing.defaults import DEFAULT_IMAGE, DEFAULT_NODES, REGION
+
 if TYPE_CHECKING:
-    from gpuquota.testcontainer import GpuquotaContainer as GpuquotaContainer
+    from gpuquota.testing.container import GpuquotaContainer as GpuquotaContainer
 
 Mode = Literal["auto", "embedded", "docker", "distributed"]
 Runtime = Literal["simulated", "process"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
-DEFAULT_NODES = "ml.g5.xlarge=3"
-DEFAULT_IMAGE = "gpuquota:dev"
-CONTAINER_PORT = 8642
-REGION = "us-east-1"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
 
 
@@ -298,7 +296,7 @@ def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStac
 
 @contextlib.contextmanager
 def _container(options: StackOptions) -> Iterator[GpuquotaStack]:
-    from gpuquota.testcontainer import GpuquotaContainer
+    from gpuquota.testing.container import GpuquotaContainer
 
     container = GpuquotaContainer(
         options.image, nodes=options.nodes, runtime=options.runtime, start_timeout=options.start_timeout
@@ -429,7 +427,7 @@ def gpuquota_stack(
 def __getattr__(name: str) -> Any:
     """``GpuquotaContainer`` on first use: the plugin itself loads without testcontainers installed."""
     if name == "GpuquotaContainer":
-        from gpuquota.testcontainer import GpuquotaContainer
+        from gpuquota.testing.container import GpuquotaContainer
 
         return GpuquotaContainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -49,8 +49,8 @@ from gpuquota.adapters.kafka import (
     header,
     partition_for,
 )
-from gpuquota.ids import uuid4, uuid7
-from gpuquota.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.support.ids import uuid4, uuid7
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import TERMINAL_STATUSES, JobSpec, JobStatus

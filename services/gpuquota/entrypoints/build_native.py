@@ -1,8 +1,8 @@
-"""``python -m gpuquota.build_native``: compile the scheduling core with mypyc (``make native``), and
-the node agent's exit wrapper with the C compiler.
+"""``python -m gpuquota.entrypoints.build_native``: compile the scheduling core with mypyc (``make native``),
+and the node agent's exit wrapper with the C compiler.
 
 Writes the extension modules and the digest of their sources to ``gpuquota/core/_compiled``; see
-``gpuquota._native`` for how and when they are used. ``--status`` prints which core runs here.
+``gpuquota.native.loader`` for how and when they are used. ``--status`` prints which core runs here.
 Needs mypy (the ``test`` extra) and a C compiler; skipped when the build is current. The exit wrapper
 (``gpuquota.node_agent.native_wrapper``) is built even when the core's build fails, and the other way
 round; the exit status is 1 when either failed (what failed keeps its Python version).
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuquota._native import (
+from gpuquota.native.loader import (
     COMPILED,
     CORE,
     DIGEST_FILE,
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(core_mode())
         print(f"exit wrapper: {'compiled' if native_wrapper.native_command() else 'python'}")
         return 0
-    print("usage: python -m gpuquota.build_native [--status]", file=sys.stderr)
+    print("usage: python -m gpuquota.entrypoints.build_native [--status]", file=sys.stderr)
     return 2
 
 

@@ -1,7 +1,7 @@
 """Fresh ids: job ids and request ids (UUID version 4), input ids (UUID version 7).
 
 Every process that makes inputs takes its ids here: the gateway (a submission takes three), the
-scheduler's shell, the node agent's reports and ``gpuquota.events``. Each id used to cost a
+scheduler's shell, the node agent's reports and ``gpuquota.client.events``. Each id used to cost a
 ``getrandom`` system call of its own (``os.urandom(16)``, about 6 % of the gateway's event loop at
 2,400 submits/s, py-spy); the random bits now come from a block drawn once per ``_IDS_PER_DRAW`` ids,
 from the same source. A forked child starts with a block of its own.
