@@ -1,8 +1,8 @@
 """The seed's SageMaker SDK code (``tests/data/blog_sdk.py``, as the blog prints it) run for real: through
 ``eval "$(gpuquota env)"`` against ``gpuquota up --s3 local --runtime container`` with podman, the
 blog's ECR PyTorch image mapped (``GPUQUOTA_IMAGE_MAP``) to the local SDK image of
-``gpuquota.ctl.sdk_image`` (Debian's python3 and pip; it starts in 15 s, as an instance takes time to
-start, so the blog's steps find its jobs running). The four jobs reach the blog's states in the blog's
+``gpuquota.ctl.sdk_image`` (Debian's python3 and pip; it starts in ``START`` s, as an instance takes time
+to start, so the blog's steps find its jobs running). The four jobs reach the blog's states in the blog's
 order, every one then succeeds, its log says Hello World (the SDK's own ``sm_drivers`` ran
 ``SourceCode(command="echo 'Hello World'")``), and its ``model.tar.gz`` is in S3 where SageMaker puts
 it: ``<S3OutputPath>/<TrainingJobName>/output/model.tar.gz`` (issue #31).
@@ -34,8 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "my-sm-training-qm-jq"
 JOBS = ("qs1_job_high", "qs1_job_med", "qs1_job_low", "qs2_job_1")
 STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
-FINISH = 180.0
-"""Seconds for the four jobs to succeed once the blog's script is done (about 40 here)."""
+START = 40
+"""Seconds the SDK image's containers take to start: the blog's steps must find the jobs still running,
+and on a loaded CI machine the SDK takes 10-20 s per submission (15 s failed there once)."""
+FINISH = 360.0
+"""Seconds for the four jobs to succeed once the blog's script is done (about 90 here)."""
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def engine() -> ContainerEngine:
 @pytest.fixture(scope="module")
 def image(engine: ContainerEngine) -> str:
     try:
-        return build_sdk_image(engine.path)
+        return build_sdk_image(engine.path, START)
     except CliError as exc:
         pytest.fail(str(exc))
 

@@ -41,7 +41,7 @@ from gpuquota.ctl.env import env_lines
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.sdk_image import build_sdk_image, image_map
 
-START_SECONDS = 20
+START_SECONDS = 30
 """The SDK image's start (``sdk_image``): long enough for the three steps to find its jobs running."""
 GRACE = "3"
 """``gpuquota up --preemption-grace``: the image's bash ignores SIGTERM, so a stop waits all of it."""
