@@ -176,11 +176,13 @@ class ReconcileMachine(RuleBasedStateMachine):
         for job_id, attempt_id, incarnation in inbox:
             if incarnation != agent.incarnation:
                 continue  # dispatched before the agent's latest registration, which requeued it
-            record = self.w.state.jobs.get(job_id)
-            assert record is not None
             if attempt_id not in self.w.spread:
+                # (a part of a spread attempt that a requeue ended may arrive after its job finished)
+                record = self.w.state.jobs.get(job_id)
                 assert (
-                    record.attempt_id == attempt_id and record.placements[0].node_id == node_id
+                    record is not None
+                    and record.attempt_id == attempt_id
+                    and record.placements[0].node_id == node_id
                 ), f"{node_id} starts {attempt_id}, which the log does not assign to it"
             attempt = NodeAttempt(job_id=job_id, attempt_id=attempt_id, status="STARTING")
             agent.attempts[attempt_id] = attempt
@@ -342,4 +344,26 @@ def test_a_node_back_with_fewer_slots_keeps_the_attempts_that_fit() -> None:
     assert len(held) == 1 and held[0].placements[0].slots == (0,)
     assert {e.attempt_id for e in requeued} == {e.attempt_id for e in fenced} and requeued
     assert all(e.cause == "NODE_LOST" for e in requeued)
+    machine.teardown()
+
+
+def test_a_spread_part_arriving_after_its_job_finished_elsewhere_is_fenced() -> None:
+    """A registration requeued a spread attempt; its job ran again and finished before the stale
+    ``RunAttempt`` of the other part reached its node: the agent starts it, the scheduler fences it."""
+    machine = ReconcileMachine()
+    machine.setup()
+    machine.submit(count=2, size=2)  # the second one spreads over n0 and n1
+    machine.submit(count=1, size=1)
+    (spread,) = machine.w.spread
+    machine.crash("n0", processes_survive=False, recorded=False)
+    machine.restart(pick=0, slots=SLOTS)  # requeues both attempts on n0, the spread one too
+    machine.deliver("n0", swallowed=False)
+    machine.progress("n0", pick=0, status="SUCCEEDED", swallowed=False)
+    job_id = spread.split("#")[0]
+    assert job_id not in machine.w.state.jobs
+    before = len(machine.w.events)
+    machine.deliver("n1", swallowed=False)
+    fenced = [e for e in machine.w.events[before:] if isinstance(e, ev.AttemptFenced)]
+    assert [(e.node_id, e.attempt_id) for e in fenced] == [("n1", spread)]
+    assert spread not in machine.agents_of("n1").attempts
     machine.teardown()

@@ -8,6 +8,10 @@ invariant in that order and the teardown (replay and liveness checks).
 - ``reclaim_counted_a_hold_*``: a cross-share reclaim preempted a job of a share exactly at its
   limit, because the capacity held for that share's own waiting head (S4.3) was counted as its usage
   (S7.5: "victim share not borrowing").
+- ``held_head_passed_stays_unblocked``: a share's head that held victims (never recorded as blocked)
+  was passed by a higher-priority submission after its share's limit had fallen below its demand; the
+  pass looked only at the jobs that entered, so it was not recorded as blocked behind the new head
+  until a full pass ("a full pass still decides [JobBlocked ...]", S9.1).
 """
 
 from __future__ import annotations

@@ -153,28 +153,32 @@ def record_blocked(ctx: Context, environment: ServiceEnvironmentSpec, shares: li
     """Emit the changes of each share's blocked jobs since the last pass (a fixpoint: none twice).
 
     Every queued job is looked at again only after an input that may have moved a bound; otherwise
-    only the head and the jobs that entered a queue, so the cost stays independent of queue length."""
+    only the head, the jobs that entered a queue and the preemptors that hold victims, so the cost
+    stays independent of queue length. (A head that holds victims is never recorded as blocked: once
+    a new head passes it, it may be blocked behind, though neither it nor a bound moved.)"""
+    state = ctx.state
     rescan = not all(type(event) in _BOUNDS_KEPT for event in ctx.events)
-    entered = set() if rescan else _entered(ctx.events)
+    entered = [] if rescan else [*_entered(ctx.events), *state.holds]
     for share in shares:
         _record_head(ctx, environment, share)
         if rescan:
             suspects: Iterable[str] = [*share.blocked_behind, *(key[2] for key in share.queue)]
         else:
-            suspects = [j for j in entered if (job := ctx.state.jobs.get(j)) and job.share == share.key]
+            suspects = [j for j in entered if (job := state.jobs.get(j)) and job.share == share.key]
         for job_id in suspects:
             _record_behind(ctx, environment, share, job_id)
 
 
-def _entered(events: list[ev.SchedulerEvent]) -> set[str]:
-    """Jobs that (re)entered a queue in this input."""
-    ids = set()
+def _entered(events: list[ev.SchedulerEvent]) -> list[str]:
+    """Jobs that (re)entered a queue in this input, once each in the order they did (the events
+    emitted for them must not depend on a set's order, which varies with ``PYTHONHASHSEED``)."""
+    ids: dict[str, None] = {}
     for event in events:
         if isinstance(event, ev.JobAccepted):
-            ids.add(event.job.job_id)
+            ids[event.job.job_id] = None
         elif isinstance(event, ev.JobRequeued):
-            ids.add(event.job_id)
-    return ids
+            ids[event.job_id] = None
+    return list(ids)
 
 
 def _record_head(ctx: Context, environment: ServiceEnvironmentSpec, share: ShareRecord) -> None:
