@@ -140,6 +140,9 @@ def test_the_blogs_sdk_code_runs_in_containers(
     exported = environment(up, tmp_path / "gpuquota")
     for name, value in exported.items():
         monkeypatch.setenv(name, value)
+    # boto3's default session, as a new process has it: one made by an earlier test of this pytest run
+    # keeps that test's credentials, which this stack's S3 server refuses
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     batch, s3 = boto3.client("batch"), boto3.client("s3")  # the SDK's own clients' set-up
     described = wait_succeeded(batch, FINISH)
     try:
