@@ -30,7 +30,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
-from gpuquota.adapters.message_json import message_json
 from gpuquota.adapters.partitioner import default_partition
 from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.wire.base import Message
@@ -189,7 +188,7 @@ def message_headers(message: Message) -> Headers:
 
 
 def encode(message: Message) -> bytes:
-    return message_json(message).encode()  # an event was encoded for the log a moment ago
+    return message.model_dump_json().encode()
 
 
 def header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pydantic import TypeAdapter
 
 from gpuquota.adapters.event_store import Record
-from gpuquota.adapters.message_json import message_json
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
 
@@ -19,11 +18,11 @@ EVENTS_ADAPTER: TypeAdapter[tuple[SchedulerEvent, ...]] = TypeAdapter(tuple[Sche
 
 
 def encode_input(message: SchedulerInput) -> str:
-    return message_json(message)  # the JSON it was decoded from, when it came from a Kafka record
+    return message.model_dump_json()
 
 
 def encode_events(events: Sequence[SchedulerEvent]) -> str:
-    return "[" + ",".join(message_json(event) for event in events) + "]"  # published next: memo
+    return "[" + ",".join(event.model_dump_json() for event in events) + "]"
 
 
 def decode_record(seq: int, input_json: str | bytes, events_json: str | bytes) -> Record:

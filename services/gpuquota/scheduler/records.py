@@ -12,7 +12,6 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from gpuquota.adapters.message_json import remember
 from gpuquota.scheduler.loop import Publisher
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
@@ -52,7 +51,6 @@ def decode(record: SourceRecord, default_pool: str) -> tuple[str, SchedulerInput
         message = INPUT_ADAPTER.validate_json(record.value)
     except ValidationError as exc:
         return rejection_reason(exc)
-    remember(message, record.value.decode())  # what the log stores: the record's JSON, not encoded again
     return pool, message
 
 
