@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast, overload
 
-from pydantic import BaseModel
-
 from gpuquota.core.evolve import evolve
 from gpuquota.core.state import RUNNABLE, ClusterState, ShareKey, ShareRecord
 from gpuquota.wire import events as ev
@@ -26,11 +24,11 @@ from gpuquota.wire.base import (
     SlotOffer,
 )
 from gpuquota.wire.events import SchedulerEvent
+from gpuquota.wire.fast_construct import fast_construct
 from gpuquota.wire.inputs import InstanceOutput
 
 E = TypeVar("E", bound=Message)
 DispatchPhase = Literal["IN_QUOTA", "BORROW", "HOLD"]
-M = TypeVar("M", bound=BaseModel)
 EventHook = Callable[[ClusterState, SchedulerEvent], None]
 """Called with each event just before it is applied (``step``): the state it changes, as it was."""
 
@@ -48,51 +46,6 @@ _TOUCH_KIND: dict[type[Any], str] = {
     ev.PreemptionHoldReleased: _HOLD,
     ev.JobAccepted: _NEW_JOB,
 }
-
-
-_Template = tuple[dict[str, Any], set[str]]
-_TEMPLATES: dict[type[Any], _Template | None] = {}
-_set = object.__setattr__
-
-
-def _template(event_type: type[Any]) -> _Template | None:
-    """Every field of the event type in declaration order, with its default where it has one, and
-    the set of their names.
-
-    ``None`` when the type needs pydantic's own ``model_construct`` (default factories, aliases or a
-    post-init hook): the fast path below would skip them.
-    """
-    fields = event_type.model_fields
-    plain = not event_type.__pydantic_post_init__ and all(
-        f.default_factory is None and f.alias is None and f.validation_alias is None for f in fields.values()
-    )
-    if not plain:
-        return None
-    return {name: None if f.is_required() else f.default for name, f in fields.items()}, set(fields)
-
-
-def construct(event_type: type[M], fields: dict[str, Any]) -> M:
-    """``event_type.model_construct(**fields)`` for trusted values, without its per-field work.
-
-    Defaults are shared, not copied: event defaults are immutable (strings, numbers, enums, None).
-    So is the set of set fields (all of them): pydantic copies it before changing a copy of a model.
-    ``fields`` must name every required field; the tests round-trip every event type through JSON.
-    """
-    try:
-        template = _TEMPLATES[event_type]
-    except KeyError:
-        template = _TEMPLATES[event_type] = _template(event_type)
-    if template is None:
-        return event_type.model_construct(**fields)
-    defaults, names = template
-    values = defaults.copy()
-    values.update(fields)
-    event = event_type.__new__(event_type)
-    _set(event, "__dict__", values)
-    _set(event, "__pydantic_fields_set__", names)
-    _set(event, "__pydantic_extra__", None)
-    _set(event, "__pydantic_private__", None)
-    return event
 
 
 class Context:
@@ -352,7 +305,7 @@ class Context:
         # (the tests round-trip every event type through JSON to keep this honest).
         fields["event_id"] = f"{self.input_id}/{len(self.events)}"
         fields["occurred_at"] = self.now
-        event = construct(event_type, fields)
+        event = fast_construct(event_type, fields)
         recorded = cast(SchedulerEvent, event)
         key = self._touch(recorded)
         share = self.state.shares.get(key) if key is not None else None

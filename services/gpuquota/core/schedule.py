@@ -35,13 +35,14 @@ from collections.abc import Iterator
 
 from gpuquota.core.blocked import record_blocked
 from gpuquota.core.checkpoints import gpus_held, lost_ms, victim_order
-from gpuquota.core.context import Context, DispatchPhase, construct
+from gpuquota.core.context import Context, DispatchPhase
 from gpuquota.core.hygiene import borrow_blocked_until, protected_until
 from gpuquota.core.preemption import Eligible, cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
 from gpuquota.core.state import LEND_AND_BORROW, JobRecord, ShareKey, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import Placement, ServiceEnvironmentSpec
+from gpuquota.wire.fast_construct import fast_construct
 
 BACKFILL_SCAN = 64
 
@@ -350,7 +351,7 @@ def place(ctx: Context, pool: str, unit: str, count: int) -> tuple[Placement, ..
         slots = tuple(free[:take])
         offers = node.slots
         gpus = tuple(g for slot in slots for g in offers[slot].gpus) if take > 1 else offers[slots[0]].gpus
-        placements.append(construct(Placement, {"node_id": node_id, "slots": slots, "gpus": gpus}))
+        placements.append(fast_construct(Placement, {"node_id": node_id, "slots": slots, "gpus": gpus}))
         remaining -= take
         if remaining == 0:
             return tuple(placements)

@@ -31,7 +31,6 @@ from typing import Any
 
 from gpuquota.core import ClusterState, step
 from gpuquota.core.checkpoints import LEAST_LOST_WORK
-from gpuquota.core.context import construct
 from gpuquota.ctl.api import CliError
 from gpuquota.sim.config import Configuration
 from gpuquota.sim.prefetch import TraceRow
@@ -40,6 +39,7 @@ from gpuquota.sim.trace import TraceJob
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobSpec
+from gpuquota.wire.fast_construct import fast_construct
 
 END, STOP, RUN, CHECKPOINT = 1, 2, 3, 4
 HEARTBEAT_TIMEOUT_MS = 2**62
@@ -212,7 +212,7 @@ class Replay:
         self.inputs += 1
         fields["event_id"] = str(self.inputs)
         fields["occurred_at"] = self.now
-        events = step(self.state, construct(kind, fields))
+        events = step(self.state, fast_construct(kind, fields))
         self.events += len(events)
         handlers = self._on_event
         for event in events:
@@ -230,16 +230,19 @@ class Replay:
         counters = self.counters[index]
         counters.submitted += 1
         job = self.jobs[job_id] = SimJob(trace, index, self.now)
-        spec = _job_spec(
-            job_id,
-            trace.job_name or job_id,
-            self.queue,
-            trace.share,
-            trace.priority,
-            job.unit,
-            job.count,
-            self.now,
-            trace.preemption_retries,
+        spec = fast_construct(  # a trace's values are validated already
+            JobSpec,
+            {
+                "job_id": job_id,
+                "job_name": trace.job_name or job_id,
+                "job_queue": self.queue,
+                "quota_share": trace.share,
+                "priority": trace.priority,
+                "unit": job.unit,
+                "count": job.count,
+                "created_at": self.now,
+                "preemption_retries": trace.preemption_retries,
+            },
         )
         self._feed(inp.SubmitJob, {"job": spec})
         if job_id in self.jobs and job_id not in self.state.jobs:
@@ -375,44 +378,6 @@ class Replay:
             decisions=self.decisions,
             unmatched=self.unmatched,
         )
-
-
-_JOB_SPEC_DEFAULTS = {
-    name: None if f.is_required() else f.default for name, f in JobSpec.model_fields.items()
-}
-_JOB_SPEC_FIELDS = set(JobSpec.model_fields)
-
-
-def _job_spec(
-    job_id: str,
-    name: str,
-    queue: str,
-    share: str,
-    priority: int,
-    unit: str,
-    count: int,
-    now: int,
-    preemption_retries: int | None,
-) -> JobSpec:
-    """``JobSpec.model_construct`` without its per-field work (a trace's values are validated already):
-    pydantic's own takes longer than the core's decision on the job."""
-    values = _JOB_SPEC_DEFAULTS.copy()
-    values["job_id"] = job_id
-    values["job_name"] = name
-    values["job_queue"] = queue
-    values["quota_share"] = share
-    values["priority"] = priority
-    values["unit"] = unit
-    values["count"] = count
-    values["created_at"] = now
-    values["preemption_retries"] = preemption_retries
-    values["tags"] = {}
-    spec = JobSpec.__new__(JobSpec)
-    object.__setattr__(spec, "__dict__", values)
-    object.__setattr__(spec, "__pydantic_fields_set__", _JOB_SPEC_FIELDS)
-    object.__setattr__(spec, "__pydantic_extra__", None)
-    object.__setattr__(spec, "__pydantic_private__", None)
-    return spec
 
 
 def simulate(

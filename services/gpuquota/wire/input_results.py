@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import EpochMs, Frozen, Message, Name
+from gpuquota.wire.fast_construct import fast_construct
 
 Verdict = Literal["ACCEPTED", "REJECTED"]
 RESULT_PREFIX = "result/"
@@ -85,7 +86,7 @@ def result_of(
     else:
         outcome, reason, job_id = "ACCEPTED", None, _job_id(message)
         decided = tuple(_decided_event(e.type, e.event_id) for e in events)
-    return _built(
+    return fast_construct(
         InputResult,
         {
             "event_id": RESULT_PREFIX + message.event_id,
@@ -100,38 +101,11 @@ def result_of(
             "job_id": job_id,
             "events": decided,
         },
-        _RESULT_FIELDS_SET,
     )
 
 
-_ModelT = TypeVar("_ModelT", bound=Frozen)
-_RESULT_FIELDS_SET = frozenset(InputResult.model_fields) - {"schema_version", "type"}
-"""What ``model_construct`` records as set for a result given every field but the two defaults."""
-_DECIDED_FIELDS_SET = frozenset(DecidedEvent.model_fields)
-_new = object.__new__
-_set_attribute = object.__setattr__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-
-
 def _decided_event(kind: str, event_id: str) -> DecidedEvent:
-    return _built(DecidedEvent, {"type": kind, "event_id": event_id}, _DECIDED_FIELDS_SET)
-
-
-def _built(model: type[_ModelT], values: dict[str, Any], fields_set: frozenset[str]) -> _ModelT:
-    """``model.model_construct(**values)`` for ``values`` that name every field, in the model's order.
-
-    ``model_construct`` walks every field's aliases and defaults: 28 us per result of two events,
-    about a tenth of the distributed scheduler's CPU at 2,000 jobs/s (py-spy); this sets what it
-    would set, through the slots ``BaseModel`` declares for them (about 9 us;
-    ``tests/unit/scheduler/test_input_results.py`` compares the two)."""
-    built = _new(model)
-    _set_attribute(built, "__dict__", values)
-    _set_fields_set(built, set(fields_set))
-    _set_extra(built, None)
-    _set_private(built, None)
-    return built
+    return fast_construct(DecidedEvent, {"type": kind, "event_id": event_id})
 
 
 def result_of_undecodable(value: bytes, reason: str, pool: str, occurred_at: EpochMs) -> InputResult | None:
