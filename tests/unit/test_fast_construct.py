@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import JobSpec
 from gpuquota.wire.fast_construct import fast_construct
@@ -22,7 +24,7 @@ def test_every_decided_event_is_what_model_construct_builds() -> None:
 
 
 def test_a_default_factory_makes_a_new_value_for_each_model() -> None:
-    fields = {
+    fields: dict[str, Any] = {
         "job_id": "j",
         "job_name": "j",
         "job_queue": "q",
