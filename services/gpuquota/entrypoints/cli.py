@@ -38,7 +38,7 @@ def _completion_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from gpuquota.entrypoints.distributed import run_gateway
+    from gpuquota.entrypoints.serve import run_gateway
 
     return run_gateway(
         auth_keys=args.auth_keys,
@@ -57,7 +57,7 @@ def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    from gpuquota.entrypoints.distributed import run_scheduler
+    from gpuquota.entrypoints.serve import run_scheduler
 
     return run_scheduler(metrics_port=args.metrics_port)
 
