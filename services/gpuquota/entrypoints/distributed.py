@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -47,52 +48,39 @@ from gpuquota.wire.base import SlotOffer
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class GatewayService:
     """The HTTP gateway of one pool in distributed mode; ``url`` and ``gateway`` once started."""
 
-    def __init__(
-        self,
-        kafka: str,
-        database_url: str,
-        *,
-        topics: KafkaTopics | None = None,
-        pool: str = "default",
-        host: str = "127.0.0.1",
-        port: int = 8080,
-        arns: ArnFactory | None = None,
-        decision_timeout: float = 5.0,
-        produce_timeout: float = 5.0,
-        admission: Admission | None = None,
-        store: EventStore | None = None,
-        auth: Keyring | None = None,
-        node_logs: LogReader | None = None,
-        browser: BrowserPolicy | None = None,
-        kafka_security: KafkaSecurity = PLAINTEXT,
-    ) -> None:
-        self.kafka = kafka
-        self.kafka_security = kafka_security
-        self.browser = browser
-        self.database_url = database_url
-        self.node_logs = node_logs
-        """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
-        self.topics = topics or KafkaTopics()
-        self.pool = pool
-        self.host = host
-        self.port = port
+    kafka: str
+    database_url: str
+    topics: KafkaTopics = field(default_factory=KafkaTopics, kw_only=True)
+    pool: str = field(default="default", kw_only=True)
+    host: str = field(default="127.0.0.1", kw_only=True)
+    port: int = field(default=8080, kw_only=True)
+    arns: InitVar[ArnFactory | None] = field(default=None, kw_only=True)
+    decision_timeout: float = field(default=5.0, kw_only=True)
+    produce_timeout: float = field(default=5.0, kw_only=True)
+    """Seconds the broker has to acknowledge an input before the request is a 503."""
+    admission: Admission = field(default_factory=Admission, kw_only=True)
+    store: EventStore | None = field(default=None, kw_only=True)
+    auth: Keyring | None = field(default=None, kw_only=True)
+    node_logs: LogReader | None = field(default=None, kw_only=True)
+    """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
+    browser: BrowserPolicy | None = field(default=None, kw_only=True)
+    kafka_security: KafkaSecurity = field(default=PLAINTEXT, kw_only=True)
+    read_model: ReadModel = field(init=False)
+    projector: LogProjector | None = field(default=None, init=False)
+    producer: InputProducer | None = field(default=None, init=False)
+    gateway: Gateway | None = field(default=None, init=False)
+    registry: CollectorRegistry | None = field(default=None, init=False)
+    _own_store: bool = field(init=False)
+    _front: GatewayFront | None = field(default=None, init=False)
+    _tail: asyncio.Task[None] | None = field(default=None, init=False)
+
+    def __post_init__(self, arns: ArnFactory | None) -> None:
         self.read_model = ReadModel(arns)
-        self.decision_timeout = decision_timeout
-        self.produce_timeout = produce_timeout
-        """Seconds the broker has to acknowledge an input before the request is a 503."""
-        self.admission = admission or Admission()
-        self.store = store
-        self.auth = auth
-        self._own_store = store is None
-        self.projector: LogProjector | None = None
-        self.producer: InputProducer | None = None
-        self.gateway: Gateway | None = None
-        self._front: GatewayFront | None = None
-        self._tail: asyncio.Task[None] | None = None
-        self.registry: CollectorRegistry | None = None
+        self._own_store = self.store is None
 
     @property
     def url(self) -> str:
