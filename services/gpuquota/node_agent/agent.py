@@ -46,11 +46,11 @@ from gpuquota.node_agent.checkpoint_watch import refresh
 from gpuquota.node_agent.launch import Runtime
 from gpuquota.node_agent.payload import BadPayload, parse_payload
 from gpuquota.node_agent.prepare import exit_path
-from gpuquota.node_agent.records import KEEP_FINISHED, STATE_FILE, Attempt, AttemptBook, AttemptPhase
+from gpuquota.node_agent.records import KEEP_FINISHED, Attempt, AttemptBook, AttemptPhase
 from gpuquota.node_agent.runtime import describe
 from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.node_agent.saving import StateSaver
-from gpuquota.node_agent.sending import LOST_REASON, Outbox, Send, SendMany, stamp
+from gpuquota.node_agent.sending import Outbox, Send, SendMany, stamp
 from gpuquota.node_agent.supervise import FINAL, AttemptRunner
 from gpuquota.support.dirlock import DirectoryLock
 from gpuquota.support.ids import uuid4
@@ -67,8 +67,6 @@ from gpuquota.wire.inputs import (
 from gpuquota.wire.node_commands import NodeCommand, RegisterAgain, RunAttempt, StopAttempt
 
 log = logging.getLogger(__name__)
-
-__all__ = ["LOST_REASON", "STATE_FILE", "NodeAgent", "Send"]
 
 
 class NodeAgent:

@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 Send = Callable[[SchedulerInput], Awaitable[object]]
 SendMany = Callable[[list[SchedulerInput]], Awaitable[list[BaseException | None]]]  # in order; None: sent
 
-LOST_REASON = "Attempt lost: the node agent restarted while it ran (exit status unknown)"
-"""Kept for readers of older logs: a restarted agent no longer reports this (``agent`` module doc)."""
-
 BATCH_LIMIT = 500
 
 
