@@ -92,13 +92,11 @@ class NodeAgent:
         """S3: channels in, checkpoints and artifacts out (``s3_stage``); without a store, none."""
         self.address = address  # how other nodes reach this one (empty: by its node id)
         self.pool = pool
-        self.slots = slots
         self.runtime = runtime
         self.work_dir = Path(work_dir).absolute()
         self.book = AttemptBook(self.work_dir, node_id)
         self.lock = DirectoryLock(self.work_dir)
         self.heartbeat_seconds = heartbeat_seconds
-        self.preemption_grace = preemption_grace
         self._saver = StateSaver(self.book, self._records)
         self.outbox = Outbox(
             send, send_many, self._saver.before_send, self._delivered, retry_seconds, max_retry_seconds
@@ -138,6 +136,11 @@ class NodeAgent:
         """(epoch seconds, attempt id, what happened): signals, group gone, reports; for timelines."""
 
     # ----- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> tuple[SlotOffer, ...]:
+        """What the node offers, as its runner launches on it (set once, at construction)."""
+        return self.runner.slots
 
     @property
     def state_path(self) -> Path:
