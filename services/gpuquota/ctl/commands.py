@@ -17,10 +17,6 @@ from typing import Any
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError, default_endpoint
-from gpuquota.ctl.manage import configure_queues as configure_queues  # re-exported: `gpuquota queues`
-from gpuquota.ctl.manage import queues_command as queues_command
-from gpuquota.ctl.nodes import configure_nodes as configure_nodes  # re-exported: `gpuquota nodes`
-from gpuquota.ctl.nodes import nodes_command as nodes_command
 from gpuquota.ctl.options import add_common
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.submit import configure_logs, configure_submit, logs_command, submit_command
