@@ -253,6 +253,15 @@ class StepBatch(Generic[_I]):
         self.quiet: list[_I] = []
         self.entries: list[BatchEntry] = []
 
+    @classmethod
+    def of(cls, item: _I, one: Decided) -> StepBatch[_I]:
+        """``one`` input, decided by ``decide_one``, as a batch (one way to settle both)."""
+        batch: StepBatch[_I] = cls()
+        batch.effects = one.effects
+        batch.decided.append((item, one.events))
+        (batch.recorded if one.seq is not None else batch.quiet).append(item)
+        return batch
+
     def step(
         self, state: ClusterState, item: _I, message: SchedulerInput, position: Position | None = None
     ) -> bool:
