@@ -70,8 +70,8 @@ from gpuquota.core import ClusterState, evolve
 from gpuquota.scheduler.loop import Answerer, Appender, LoopFailed, StepBatch, decide_one
 from gpuquota.wire.inputs import SchedulerInput
 
-I = TypeVar("I")
-L = TypeVar("L", bound="Live")
+T = TypeVar("T")
+LiveT = TypeVar("LiveT", bound="Live")
 
 _STALE_RETRIES = 3
 """Stale writers in a row on the serial path before the driver gives up (another writer keeps going)."""
@@ -98,10 +98,10 @@ class Mode:
 
 
 @dataclass(frozen=True, slots=True)
-class Settled(Generic[I]):
+class Settled(Generic[T]):
     """A recorded batch (or one input of the serial path) for the port to act on."""
 
-    batch: StepBatch[I]
+    batch: StepBatch[T]
     seq: int | None
     """The log's last sequence after its append; None: nothing was recorded (quiet inputs only)."""
     started: float
@@ -110,7 +110,7 @@ class Settled(Generic[I]):
     """Stepped and appended as a batch (not an input of the serial path)."""
 
 
-class Port(Protocol[I, L]):
+class Port(Protocol[T, LiveT]):
     """What a mode puts into the driver: where inputs come from and how they are settled."""
 
     mode: Mode
@@ -122,48 +122,48 @@ class Port(Protocol[I, L]):
         """Why the mode stopped taking inputs (the batches after it are abandoned), if it did."""
         ...
 
-    def message(self, item: I) -> SchedulerInput: ...
+    def message(self, item: T) -> SchedulerInput: ...
 
-    def position(self, item: I) -> Position | None: ...
+    def position(self, item: T) -> Position | None: ...
 
-    def done(self, item: I) -> bool:
+    def done(self, item: T) -> bool:
         """Whether the item has its outcome or answer already."""
         ...
 
-    async def live(self) -> L:
+    async def live(self) -> LiveT:
         """The live state, rebuilt from the log if it was dropped."""
         ...
 
-    def drop(self, live: L) -> None:
+    def drop(self, live: LiveT) -> None:
         """Forget ``live`` (if it is still the current state): the next ``live`` rebuilds."""
         ...
 
-    def serial(self, items: Sequence[I]) -> bool:
+    def serial(self, items: Sequence[T]) -> bool:
         """Whether ``items`` go down the serial path instead of being stepped as a batch."""
         ...
 
-    def todo(self, live: L, items: Sequence[I]) -> list[I]:
+    def todo(self, live: LiveT, items: Sequence[T]) -> list[T]:
         """The items to decide; the others are marked done (decided before, twice in the batch)."""
         ...
 
-    def disowned(self, items: Sequence[I]) -> bool:
+    def disowned(self, items: Sequence[T]) -> bool:
         """Whether the inputs are no longer this driver's to decide (then marked so)."""
         ...
 
-    def stepped(self, live: L, seq: int) -> None:
+    def stepped(self, live: LiveT, seq: int) -> None:
         """An input was stepped and will be recorded at ``seq`` (snapshots at exact sequences)."""
         ...
 
-    async def settle(self, live: L, settled: Settled[I]) -> None:
+    async def settle(self, live: LiveT, settled: Settled[T]) -> None:
         """Act on a recorded batch: answers, positions, publications."""
         ...
 
-    async def append_failed(self, live: L, batch: StepBatch[I], exc: Exception) -> bool:
+    async def append_failed(self, live: LiveT, batch: StepBatch[T], exc: Exception) -> bool:
         """Note a batch's failed append; True: some inputs were recorded before and are now marked
         done (decide the rest again). Raise to fail the batch for good."""
         ...
 
-    def duplicate(self, item: I) -> None:
+    def duplicate(self, item: T) -> None:
         """The item's input was recorded before (the serial path's ``DuplicateInput``)."""
         ...
 
@@ -171,23 +171,23 @@ class Port(Protocol[I, L]):
         """Another writer appended to the pool's log."""
         ...
 
-    def failed(self, item: I, exc: Exception) -> None:
+    def failed(self, item: T, exc: Exception) -> None:
         """The item failed on its own (the serial path, or its step when errors do not fail):
         answer it with ``exc``, or raise to fail the batch."""
         ...
 
-    def abandon(self, items: Sequence[I], exc: BaseException) -> None:
+    def abandon(self, items: Sequence[T], exc: BaseException) -> None:
         """A batch before these failed for good: answer them with it, or raise."""
         ...
 
 
 @dataclass(slots=True, eq=False)
-class Flight(Generic[I, L]):
+class Flight(Generic[T, LiveT]):
     """A batch stepped on ``live`` whose append and settling are still to come."""
 
-    live: L
-    items: list[I]
-    batch: StepBatch[I] | None
+    live: LiveT
+    items: list[T]
+    batch: StepBatch[T] | None
     """None: decided on the serial path once the batch before has settled."""
     seq: int
     """The sequence its append follows."""
@@ -206,14 +206,14 @@ class Redo(Exception):
     """Inputs of a batch were recorded before: they are marked done; decide the rest again."""
 
 
-class BatchDriver(Generic[I, L]):
+class BatchDriver(Generic[T, LiveT]):
     """Stepping, appending, settling and redoing one pool's batches; see the module docstring."""
 
-    def __init__(self, port: Port[I, L], appender: Appender, pool: str) -> None:
+    def __init__(self, port: Port[T, LiveT], appender: Appender, pool: str) -> None:
         self.port = port
         self.appender = appender
         self.pool = pool
-        self._flight: deque[Flight[I, L]] = deque()
+        self._flight: deque[Flight[T, LiveT]] = deque()
         """Started, not settled, in log order."""
 
     @property
@@ -223,7 +223,7 @@ class BatchDriver(Generic[I, L]):
 
     # ----- 1. step -----------------------------------------------------------------------------
 
-    async def start(self, items: list[I]) -> asyncio.Future[None]:
+    async def start(self, items: list[T]) -> asyncio.Future[None]:
         """Step ``items`` now, behind the batch in flight if it was stepped on the same state; the
         future settles once they are recorded and settled."""
         port = self.port
@@ -239,7 +239,9 @@ class BatchDriver(Generic[I, L]):
             return _settled()
         return await self._overlap(await port.live(), items, None)
 
-    async def _overlap(self, live: L, items: list[I], before: Flight[I, L] | None) -> asyncio.Future[None]:
+    async def _overlap(
+        self, live: LiveT, items: list[T], before: Flight[T, LiveT] | None
+    ) -> asyncio.Future[None]:
         """Step ``items`` on ``live``; append and settle them after ``before``."""
         async with live.lock:
             todo = [] if live.dropped else self.port.todo(live, items)
@@ -254,10 +256,12 @@ class BatchDriver(Generic[I, L]):
         flight.done.add_done_callback(lambda _: self._flight.remove(flight))
         return flight.done
 
-    async def _step(self, live: L, items: list[I], todo: list[I], before: Flight[I, L] | None) -> Flight[I, L]:
+    async def _step(
+        self, live: LiveT, items: list[T], todo: list[T], before: Flight[T, LiveT] | None
+    ) -> Flight[T, LiveT]:
         """Step each input of ``todo`` on the live state (ahead of the log until the append)."""
         port = self.port
-        batch: StepBatch[I] = StepBatch(port.answer)
+        batch: StepBatch[T] = StepBatch(port.answer)
         flight = Flight(live, items, batch, live.seq)
         for item in todo:
             try:
@@ -273,8 +277,8 @@ class BatchDriver(Generic[I, L]):
         return flight
 
     async def _step_failed(
-        self, flight: Flight[I, L], item: I, exc: Exception, before: Flight[I, L] | None
-    ) -> Flight[I, L]:
+        self, flight: Flight[T, LiveT], item: T, exc: Exception, before: Flight[T, LiveT] | None
+    ) -> Flight[T, LiveT]:
         """A step raised: the state may have changed half-way. Fail the batch (``step_errors_fail``),
         or settle the batch before, rebuild, re-apply the inputs stepped so far and answer ``item``
         (after the batches before it were answered). If a batch before failed, this one was stepped
@@ -300,11 +304,11 @@ class BatchDriver(Generic[I, L]):
 
     # ----- 2. append, 3. settle ----------------------------------------------------------------
 
-    async def _append(self, flight: Flight[I, L]) -> int:
+    async def _append(self, flight: Flight[T, LiveT]) -> int:
         assert flight.batch is not None
         return await self.appender.append_many(self.pool, flight.seq, flight.batch.entries)
 
-    async def _commit(self, flight: Flight[I, L], before: Flight[I, L] | None) -> None:
+    async def _commit(self, flight: Flight[T, LiveT], before: Flight[T, LiveT] | None) -> None:
         """Append ``flight`` after ``before``, then settle it; redo it if its state was dropped
         meanwhile or its own append failed."""
         port = self.port
@@ -338,7 +342,7 @@ class BatchDriver(Generic[I, L]):
             return
         await port.settle(flight.live, Settled(batch, seq if batch.entries else None, flight.started, True))
 
-    async def _unrecorded(self, flights: list[Flight[I, L]]) -> None:
+    async def _unrecorded(self, flights: list[Flight[T, LiveT]]) -> None:
         """Wait for the appends ``flights`` started at once: they name a sequence the log never reached,
         so they must fail."""
         appends = [f.append for f in flights if f.append is not None]
@@ -348,7 +352,7 @@ class BatchDriver(Generic[I, L]):
 
     # ----- 4. redo: the serial path ------------------------------------------------------------
 
-    async def _redo(self, items: Sequence[I]) -> None:
+    async def _redo(self, items: Sequence[T]) -> None:
         """Decide the items not done yet on the serial path, on the rebuilt state, while they are
         still ours; a stale writer rebuilds and tries again."""
         port = self.port
@@ -377,7 +381,7 @@ class BatchDriver(Generic[I, L]):
                 return
         raise LoopFailed(f"pool {self.pool}: another writer keeps appending to the log")
 
-    async def decide_now(self, live: L, items: Sequence[I]) -> None:
+    async def decide_now(self, live: LiveT, items: Sequence[T]) -> None:
         """Decide ``items`` on the serial path now (``live.lock`` held): one at a time, or as one
         batch whose append is awaited (``Mode.redo_each`` False)."""
         port = self.port
@@ -389,12 +393,18 @@ class BatchDriver(Generic[I, L]):
         elif todo:
             await self._decide_batch(live, todo)
 
-    async def _decide_one(self, live: L, item: I) -> None:
+    async def _decide_one(self, live: LiveT, item: T) -> None:
         port = self.port
         started = time.perf_counter()
         try:
             one = await decide_one(
-                self.appender, self.pool, live.seq, live.state, port.message(item), port.position(item), port.answer
+                self.appender,
+                self.pool,
+                live.seq,
+                live.state,
+                port.message(item),
+                port.position(item),
+                port.answer,
             )
         except DuplicateInput:
             port.duplicate(item)
@@ -409,7 +419,7 @@ class BatchDriver(Generic[I, L]):
             port.stepped(live, one.seq)
         await port.settle(live, Settled(StepBatch.of(item, one), one.seq, started, False))
 
-    async def _decide_batch(self, live: L, todo: list[I]) -> None:
+    async def _decide_batch(self, live: LiveT, todo: list[T]) -> None:
         flight = await self._step(live, todo, todo, None)
         batch = flight.batch
         assert batch is not None
@@ -443,5 +453,5 @@ def _exception(future: asyncio.Future[None]) -> BaseException | None:
     return None if future.cancelled() else future.exception()
 
 
-def _failed(flight: Flight[I, L]) -> bool:
+def _failed(flight: Flight[T, LiveT]) -> bool:
     return flight.done is not None and flight.done.done() and _exception(flight.done) is not None

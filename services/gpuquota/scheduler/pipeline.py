@@ -41,7 +41,8 @@ Consumers therefore see each event at least once and de-duplicate by event id; n
 ``RunAttempt`` they already ran and a ``StopAttempt`` for an attempt they do not run.
 
 Batches: the records of one pool in a batch are handed to the pool's batch driver
-(``scheduler.driver``, the same as the embedded shell's), with this mode's port (``_PoolPort``):
+(``scheduler.driver``, the same as the embedded shell's), with this mode's port
+(``scheduler.pool_port``):
 its live state is the pool's ``PoolRuntime``, rebuilt by loading the latest snapshot and the log after
 it (``scheduler.recovery``); records below the pool's recorded position are skipped and an input twice
 in a batch is a duplicate (``todo``); the rest are stepped one after another on the live state, a
@@ -69,18 +70,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, StaleWriter
-from gpuquota.scheduler.driver import BatchDriver, Mode, Settled
+from gpuquota.adapters.event_store import EventStore, Position, StaleWriter
+from gpuquota.scheduler.driver import BatchDriver
 from gpuquota.scheduler.loop import (
     Appender,
     JobStateRecord,
     LoopFailed,
     OnAppend,
     RetryPolicy,
-    StepBatch,
-    answers,
 )
 from gpuquota.scheduler.pacing import Snapshots
+from gpuquota.scheduler.pool_port import PipelineFailed, PoolPort
 from gpuquota.scheduler.pools import Item, Outcome, PipelineSettings, PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
@@ -107,9 +107,6 @@ __all__ = [
 
 
 _DEFAULTS = PipelineSettings()
-DISTRIBUTED = Mode(appends_at_once=False, redo_each=False, step_errors_fail=True)
-PipelineFailed = LoopFailed
-"""The pipeline cannot continue (a publication failed, the store stayed unreachable)."""
 
 
 class LogTruncated(LoopFailed):
@@ -200,7 +197,7 @@ class Pipeline:
         """The pool's batch driver (made on first use)."""
         driver = self.drivers.get(pool)
         if driver is None:
-            driver = self.drivers[pool] = BatchDriver(_PoolPort(self, pool), self.appender, pool)
+            driver = self.drivers[pool] = BatchDriver(PoolPort(self, pool), self.appender, pool)
         return driver
 
     async def tick(self) -> None:
@@ -219,13 +216,13 @@ class Pipeline:
                 try:
                     await self.driver(pool).decide_now(runtime, [Item(-1, message, None)])
                 except StaleWriter as exc:
-                    self._stale(pool, exc)
+                    self.stale(pool, exc)
 
     def _in_flight(self, pool: str) -> bool:
         driver = self.drivers.get(pool)
         return driver is not None and driver.busy
 
-    def _stale(self, pool: str, exc: StaleWriter) -> None:
+    def stale(self, pool: str, exc: StaleWriter) -> None:
         self.stats.stale += 1
         log.warning("pool %s: %s; dropping its state", pool, exc)
         self.drop(pool)
@@ -280,14 +277,14 @@ class Pipeline:
                 " commits, a failover to an asynchronous replica, a restore); a restart reads the lost"
                 " inputs from Kafka again and reconciles with what the nodes report"
             )
-        runtime.inflight.extend(self._watch(deliveries))
+        runtime.inflight.extend(self.watch(deliveries))
         self.stats.republished += republished
         self.stats.loads += 1
         return runtime
 
     # ----- deciding ----------------------------------------------------------------------------
 
-    def _recorded_to(self, pool: str, seq: int) -> None:
+    def recorded_to(self, pool: str, seq: int) -> None:
         self._recorded[pool] = max(seq, self._recorded.get(pool, 0))
 
     @property
@@ -300,7 +297,7 @@ class Pipeline:
 
     # ----- publications and snapshots ----------------------------------------------------------
 
-    def _watch(self, deliveries: list[Awaitable[object]]) -> list[Awaitable[object]]:
+    def watch(self, deliveries: list[Awaitable[object]]) -> list[Awaitable[object]]:
         """Fail the pipeline as soon as a delivery fails (its exception is retrieved here)."""
         for delivery in deliveries:
             if isinstance(delivery, asyncio.Future):
@@ -351,7 +348,9 @@ class Pipeline:
         await self.snapshots.close()
 
 
-async def _gathered(outcomes: list[Outcome], started: list[tuple[list[Item], Awaitable[None]]]) -> list[Outcome]:
+async def _gathered(
+    outcomes: list[Outcome], started: Sequence[tuple[list[Item], Awaitable[None]]]
+) -> list[Outcome]:
     """The outcome of each record, once every pool's batch has settled."""
     for items, settling in started:
         await settling
@@ -359,129 +358,3 @@ async def _gathered(outcomes: list[Outcome], started: list[tuple[list[Item], Awa
             assert item.outcome is not None, item
             outcomes[item.index] = item.outcome
     return outcomes
-
-
-class _PoolPort:
-    """The distributed mode's side of one pool's driver (``driver.Port``): Kafka records with their
-    positions and outcomes, the pool's runtime loaded from snapshot and log, snapshots, publications."""
-
-    mode = DISTRIBUTED
-    failure = None  # a failed publication fails the next batch (``Pipeline._check``)
-
-    def __init__(self, pipeline: Pipeline, pool: str) -> None:
-        self.pipeline = pipeline
-        self.pool = pool
-        self.answer = answers(pool, pipeline.clock)
-
-    def message(self, item: Item) -> inp.SchedulerInput:
-        return item.message
-
-    def position(self, item: Item) -> Position | None:
-        return item.position
-
-    def done(self, item: Item) -> bool:
-        return item.outcome is not None
-
-    async def live(self) -> PoolRuntime:
-        return await self.pipeline.runtime(self.pool)
-
-    def drop(self, live: PoolRuntime) -> None:
-        if self.pipeline.runtimes.get(self.pool) is live:
-            self.pipeline.drop(self.pool)
-        live.dropped = True
-
-    def serial(self, items: Sequence[Item]) -> bool:
-        """A lone input is decided with its append awaited: a duplicate then costs no reload."""
-        return len(items) <= 1
-
-    def todo(self, live: PoolRuntime, items: Sequence[Item]) -> list[Item]:
-        """The items to decide: not below the pool's recorded position, each input once."""
-        stats, todo, ids = self.pipeline.stats, [], set()
-        for item in items:
-            pos = item.position
-            if item.outcome is not None:
-                continue
-            if pos is not None and pos.next_offset - 1 < live.positions.get((pos.topic, pos.partition), 0):
-                stats.skipped += 1
-                item.outcome = Outcome.SKIPPED
-            elif item.message.event_id in ids:
-                stats.duplicates += 1  # produced twice and consumed in one batch
-                item.outcome = Outcome.DUPLICATE
-            else:
-                ids.add(item.message.event_id)
-                todo.append(item)
-        return todo
-
-    def disowned(self, items: Sequence[Item]) -> bool:
-        position = items[0].position
-        if position is None or self.pipeline.owns(position.topic, position.partition):
-            return False
-        for item in items:
-            item.outcome = item.outcome or Outcome.NOT_OWNED
-        return True
-
-    def stepped(self, live: PoolRuntime, seq: int) -> None:
-        """Count a recorded input; dump a snapshot due at its exact sequence, as one at a time would."""
-        snapshots = self.pipeline.snapshots
-        live.since_snapshot += 1
-        if snapshots.due(live, live.since_snapshot):
-            live.dumped.append(snapshots.dump(live, seq))
-            live.since_snapshot = 0
-
-    async def settle(self, live: PoolRuntime, settled: Settled[Item]) -> None:
-        """Outcomes and positions, then the publications, then the snapshots dumped up to it."""
-        pipeline, batch = self.pipeline, settled.batch
-        stats = pipeline.stats
-        for item in batch.quiet:
-            stats.quiet += 1
-            item.outcome = Outcome.QUIET
-        if settled.seq is not None:
-            pipeline._recorded_to(self.pool, settled.seq)
-        for item in batch.recorded:
-            if (pos := item.position) is not None:
-                live.positions[(pos.topic, pos.partition)] = pos.next_offset
-            item.outcome = Outcome.DECIDED
-        live.inflight.extend(pipeline._watch(await batch.effects.publish(pipeline.publisher)))
-        stats.decided += len(batch.recorded)
-        stats.batches += 1 if settled.grouped and batch.entries else 0
-        due = [s for s in live.dumped if settled.seq is not None and s.seq <= settled.seq]
-        live.dumped = [s for s in live.dumped if s not in due]
-        if due:  # the latest covers the others
-            pipeline.snapshots.save(live, due[-1])
-
-    async def append_failed(self, live: PoolRuntime, batch: StepBatch[Item], exc: Exception) -> bool:
-        """``DuplicateInput``: mark the inputs the store has recorded already (True); ``StaleWriter``:
-        decide again (False); anything else fails the batch."""
-        if isinstance(exc, StaleWriter):
-            return False
-        if not isinstance(exc, DuplicateInput):
-            raise exc
-        pipeline, pool = self.pipeline, self.pool
-        ids = [item.message.event_id for item in batch.recorded]
-        store = pipeline.store
-        recorded = await pipeline.retry.call(
-            functools.partial(store.recorded_inputs, ids), f"pool {pool}: duplicates"
-        )
-        if not recorded:
-            raise StaleWriter(f"pool {pool}: a batch was refused as a duplicate ({exc}), none is recorded")
-        for item in batch.recorded:
-            if item.message.event_id in recorded:
-                pipeline.stats.duplicates += 1
-                item.outcome = Outcome.DUPLICATE
-        log.info(
-            "pool %s: %d duplicate input(s) in a batch; reloading to decide the rest", pool, len(recorded)
-        )
-        return True
-
-    def duplicate(self, item: Item) -> None:
-        self.pipeline.stats.duplicates += 1
-        item.outcome = Outcome.DUPLICATE
-
-    def stale(self, exc: StaleWriter) -> None:
-        self.pipeline._stale(self.pool, exc)
-
-    def failed(self, item: Item, exc: Exception) -> None:
-        raise exc
-
-    def abandon(self, items: Sequence[Item], exc: BaseException) -> None:
-        raise PipelineFailed(f"pool {self.pool}: an earlier batch failed: {exc!r}") from exc

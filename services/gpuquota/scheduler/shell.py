@@ -194,8 +194,8 @@ class SchedulerShell:
                 self._arrival = None
                 while flight and flight[0][1].done():
                     batch, settling = flight.popleft()
-                    if not settling.cancelled() and (exc := settling.exception()) is not None:
-                        self._give_up(exc, batch)
+                    if not settling.cancelled() and (error := settling.exception()) is not None:
+                        self._give_up(error, batch)
         finally:
             self._drainer = None
             await self.driver.close()
