@@ -89,15 +89,6 @@ class Live(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Mode:
-    """The behaviours that differ between the modes (see the module docstring)."""
-
-    appends_at_once: bool
-    redo_each: bool
-    step_errors_fail: bool
-
-
-@dataclass(frozen=True, slots=True)
 class Settled(Generic[T]):
     """A recorded batch (or one input of the serial path) for the port to act on."""
 
@@ -108,6 +99,18 @@ class Settled(Generic[T]):
     """``time.perf_counter()`` when it was decided (metrics)."""
     grouped: bool
     """Stepped and appended as a batch (not an input of the serial path)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mode:
+    """The behaviours that differ between the modes (see the module docstring)."""
+
+    appends_at_once: bool
+    """The store runs appends in order: start the next batch's append before the one before commits."""
+    redo_each: bool
+    """Redo a failed batch one input at a time (else the rest of it as one batch)."""
+    step_errors_fail: bool
+    """A step that raises fails the batch (else only its input is answered with the error)."""
 
 
 class Port(Protocol[T, LiveT]):
