@@ -282,9 +282,8 @@ class Pipeline:
         self.stats.loads += 1
         return runtime
 
-    # ----- deciding ----------------------------------------------------------------------------
-
     def recorded_to(self, pool: str, seq: int) -> None:
+        """Note that ``pool``'s log was committed up to ``seq`` (a later load must not find less)."""
         self._recorded[pool] = max(seq, self._recorded.get(pool, 0))
 
     @property
