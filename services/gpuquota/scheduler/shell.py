@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 ``handle(message)`` is the only way in. It queues the input with its caller's answer (a future, the
-driver's *item*, ``Pending``) and one drain task hands everything queued so far to the pool's batch
-driver (``scheduler.driver``) as one batch, with at most ``PIPELINE_DEPTH`` batches in flight: while
+driver's *item*, ``Pending``) and one drain task (``scheduler.intake``) hands everything queued so far
+to the pool's batch driver (``scheduler.driver``) as one batch, with at most ``PIPELINE_DEPTH``
+batches in flight: while
 one is being written the next gathers and is decided on the state the first left, so a burst of
 requests costs one commit instead of one each. (The SQLite store writes on the event loop's thread, so
 its appends are done before the next batch is decided; the overlap is for a store that writes
@@ -46,7 +47,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -57,6 +57,7 @@ from gpuquota.core import DEFAULT_POLICY, ClusterState
 from gpuquota.read.model import ReadModel
 from gpuquota.scheduler import loop
 from gpuquota.scheduler.driver import BatchDriver, Mode, Settled
+from gpuquota.scheduler.intake import Intake
 from gpuquota.scheduler.local_publisher import EventSubscriber, LocalPublisher, NodeCommandSink
 from gpuquota.support.clock import Clock, wall_clock_ms
 from gpuquota.support.ids import uuid7
@@ -118,9 +119,9 @@ class SchedulerShell:
         self.appender = loop.Appender(store, retry, on_append)
         self.driver: BatchDriver[Pending, _Live] = BatchDriver(_ShellPort(self), self.appender, pool)
         self.group_commit = group_commit
-        self._queued: list[Pending] = []
-        self._drainer: asyncio.Task[None] | None = None
-        self._arrival: asyncio.Future[None] | None = None
+        self.intake: Intake[Pending] = Intake(
+            self.driver, depth=PIPELINE_DEPTH, on_failure=self._give_up, cancel=_cancel
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: BaseException | None = None
         self._failed = asyncio.Event()
@@ -166,47 +167,8 @@ class SchedulerShell:
         if self.failure is not None:
             raise loop.LoopFailed(f"the scheduler failed: {self.failure!r}") from self.failure
         answer: Answer = asyncio.get_running_loop().create_future()
-        self._queued.append((message, answer))
-        arrival = self._arrival
-        if arrival is not None and not arrival.done():
-            arrival.set_result(None)  # the drain task waits for inputs beside a batch in flight
-        if self._drainer is None:
-            self._drainer = asyncio.create_task(self._drain(), name="shell-batches")
+        self.intake.put((message, answer))
         return await answer
-
-    async def _drain(self) -> None:
-        """Hand queued inputs to the driver batch by batch until none is left (the one task doing so),
-        with at most ``PIPELINE_DEPTH`` batches in flight."""
-        flight: deque[tuple[list[Pending], asyncio.Future[None]]] = deque()
-        try:
-            while self._queued or flight:
-                if self._queued and len(flight) < PIPELINE_DEPTH:
-                    batch, self._queued = self._queued, []
-                    try:
-                        flight.append((batch, await self.driver.start(batch)))
-                    except Exception as exc:  # the store failed while folding the log: fail fast
-                        self._give_up(exc, batch)
-                    continue
-                waits: list[asyncio.Future[Any]] = [flight[0][1]]
-                if len(flight) < PIPELINE_DEPTH:
-                    waits.append(self._arrival_or_new())
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                self._arrival = None
-                while flight and flight[0][1].done():
-                    batch, settling = flight.popleft()
-                    if not settling.cancelled() and (error := settling.exception()) is not None:
-                        self._give_up(error, batch)
-        finally:
-            self._drainer = None
-            await self.driver.close()
-            for batch, _ in flight:
-                _cancel(batch)
-            _cancel(self._queued)
-            self._queued = []
-
-    def _arrival_or_new(self) -> asyncio.Future[None]:
-        self._arrival = asyncio.get_running_loop().create_future()
-        return self._arrival
 
     def _give_up(self, exc: BaseException, batch: list[Pending]) -> None:
         """A batch failed for good (the store failed while folding the log, a commit after a failed
@@ -294,8 +256,8 @@ class SchedulerShell:
             self._tasks.append(asyncio.create_task(self._tick_forever(), name="shell-tick"))
 
     async def stop(self) -> None:
-        if self._drainer is not None:
-            self._tasks.append(self._drainer)
+        if self.intake.task is not None:
+            self._tasks.append(self.intake.task)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -318,9 +280,8 @@ class SchedulerShell:
                 self._fail(exc)
 
 
-def _cancel(pending: list[Pending]) -> None:
-    for _, answer in pending:
-        answer.cancel()
+def _cancel(pending: Pending) -> None:
+    pending[1].cancel()
 
 
 class _ShellPort:
