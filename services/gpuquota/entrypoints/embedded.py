@@ -398,7 +398,8 @@ def _run_distributed(
     s3: S3Client | None = None,
 ) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.entrypoints.distributed import DistributedStack, serve
+    from gpuquota.entrypoints.distributed import DistributedStack
+    from gpuquota.entrypoints.serve import serve
     from gpuquota.observe.startup import run_service, wait_for_dependencies
 
     async def main() -> int:
