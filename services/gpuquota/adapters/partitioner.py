@@ -3,8 +3,8 @@
 The distributed scheduler picks the partition of every record it publishes itself (one record batch
 per partition, ``scheduler.faust_app.FaustPublisher``), with aiokafka's own ``murmur2``, so each key
 lands where aiokafka's ``send`` would put it. A hand-written murmur2 (one ``struct`` call per key)
-measured no gain here: ``benchmarks.pipeline_cpu`` 0.206 against 0.2105 ms per job, median of 4
-alternating pairs (2026-12-03); the cache per key is what spares the hash for a job's later records.
+measured no gain here: ``benchmarks.pipeline_cpu`` 0.209 with aiokafka's against 0.211 ms per job,
+median of 5 alternating pairs (2026-12-03); the cache per key spares the hash for a job's later records.
 """
 
 from __future__ import annotations
