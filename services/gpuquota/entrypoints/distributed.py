@@ -138,6 +138,7 @@ class GatewayService:
             explainer=front.explainer,
             auth=self.auth,
             guard=front.guard,
+            admission=self.admission,
         )
         self.registry = gateway_registry(gateway, lambda: projector.state)
         install(gateway, self.registry, self.probes(), lambda: projector.state, self.broken)
@@ -272,6 +273,7 @@ class DistributedStack:
         leave_running: bool = False,
         data: DataPlane | None = None,
         s3_client: S3Client | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.lock = DirectoryLock(data_dir)
@@ -305,6 +307,7 @@ class DistributedStack:
             node_logs=local,
             browser=browser,
             kafka_security=kafka_security,
+            admission=admission,
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:
@@ -458,7 +461,7 @@ def run_gateway(
             browser=browser,
             kafka_security=settings.kafka_security,
             produce_timeout=settings.produce_timeout,
-            admission=Admission(settings.admission_max_backlog, settings.admission_max_seconds),
+            admission=Admission.of(settings),
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 
