@@ -21,6 +21,8 @@ whole result (``runs``).
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,6 +41,14 @@ MAX_SEARCH_RUNS = 5
 Run = Callable[..., Awaitable[dict[str, Any]]]
 
 
+async def measured(throughput: Run, rate: float, bounds: Admission | None, **run: Any) -> dict[str, Any]:
+    """One run, its headline on stderr as it ends (a search takes minutes)."""
+    result = await throughput(rate, admission=fresh(bounds), **run)
+    shown = ("rate", "jobs_per_s", "submit_to_scheduled_p99_ms", "refused", "calibration_ms")
+    print(json.dumps({key: result.get(key) for key in shown}), file=sys.stderr)
+    return result
+
+
 def kept_up(result: dict[str, Any]) -> bool:
     """Whether a run took and decided what it was offered, in time."""
     offered: float = result["rate"]
@@ -52,11 +62,11 @@ async def search(
 ) -> list[dict[str, Any]]:
     """The runs that find the sustainable rate: up by ``STEP`` while they keep up, down while they
     do not, until the direction turns (at most ``MAX_SEARCH_RUNS``); one run at ``rate`` if given."""
-    results = [await throughput(rate or FIRST_RATE, admission=fresh(bounds), **run)]
+    results = [await measured(throughput, rate or FIRST_RATE, bounds, **run)]
     rising = kept_up(results[0])
     while rate is None and len(results) < MAX_SEARCH_RUNS and kept_up(results[-1]) == rising:
         offered = results[-1]["rate"] * (STEP if rising else 1 / STEP)
-        results.append(await throughput(round(offered), admission=fresh(bounds), **run))
+        results.append(await measured(throughput, round(offered), bounds, **run))
     return results
 
 
@@ -72,7 +82,7 @@ async def overload(
     """The search, then a run at ``factor`` times the sustainable rate (module docstring)."""
     runs = await search(throughput, rate, bounds, **run)
     base = sustainable_rate(runs)
-    runs.append(await throughput(base * factor, admission=fresh(bounds), **run))
+    runs.append(await measured(throughput, base * factor, bounds, **run))
     decided = [result["jobs_per_s"] for result in runs]
     peak = max(decided)
     return {
