@@ -246,7 +246,12 @@ def test_gpuquota_up_takes_the_bounds_from_its_environment(
     from gpuquota.entrypoints.cli import main
 
     served: list[embedded.Serving] = []
-    monkeypatch.setattr(embedded, "_run_up", lambda *args: served.append(args[-1]) or 0)
+
+    def run_up(*args: Any) -> int:
+        served.append(args[-1])  # the Serving, instead of starting anything
+        return 0
+
+    monkeypatch.setattr(embedded, "_run_up", run_up)
     if mode == "distributed":
         monkeypatch.setenv("GPUQUOTA_KAFKA", "127.0.0.1:1")
         monkeypatch.setenv("GPUQUOTA_DATABASE_URL", "postgresql://u:p@127.0.0.1:1/db")
