@@ -367,8 +367,8 @@ def serve_mode(mode: str) -> int:
     aiohttp server answering every POST with a fixed JSON body."""
     from aiohttp import web
 
-    from gpuquota.entrypoints.distributed import serve
     from gpuquota.entrypoints.embedded import EmbeddedStack
+    from gpuquota.entrypoints.serve import serve
 
     if mode == "memory":
         stack = EmbeddedStack(None, port=0, nodes=f"{UNIT}=3", runtime="simulated")

@@ -32,13 +32,11 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from botocore.exceptions import ClientError
 
 from tests.e2e.conftest import G5, Cluster, apoll
 from tests.e2e.faults import check_events, settle, setup_queue
 from tests.e2e.private_postgres import PrivatePostgres
-from tests.e2e.test_agent_killed_during_short_jobs import examine, marking_payload, read_runs
-from tests.gateway.helpers import submit
+from tests.e2e.short_jobs import ended, examine, read_runs, submit_marking_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,20 +71,6 @@ async def readiness(url: str) -> tuple[int, dict[str, Any]]:
         return answer.status, await answer.json()
 
 
-def submit_through(batch: Any, token: str, payload: str) -> str:
-    """Submit with clientToken ``token``, again with the same token while the answer is a throttle
-    (429: the scheduler is behind while the database is away) or a server error, as a client would."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return submit(batch, token, "QS", serviceRequestPayload=payload, clientToken=token)
-        except ClientError as exc:
-            code = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 500)
-            if (code != 429 and code < 500) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)  # back-off before submitting again (boto3 gave up after its own retries)
-
-
 def succeeded_listed(batch: Any) -> set[str]:
     found: set[str] = set()
     for page in batch.get_paginator("list_service_jobs").paginate(jobQueue="jq", jobStatus="SUCCEEDED"):
@@ -112,20 +96,12 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
         url = cluster.gateway.url
         await asyncio.to_thread(setup_queue, url, SLOTS)
 
-        def submit_all() -> dict[str, str]:
-            acknowledged = {}
-            for i in range(JOBS):
-                payload = marking_payload(tmp_path, 0.2 + 0.8 * ((i * 7) % 10) / 9)  # 0.2 to 1 s
-                acknowledged[f"j{i}"] = submit_through(cluster.batch, f"j{i}", payload)
-            return acknowledged
-
-        submitting = asyncio.ensure_future(asyncio.to_thread(submit_all))
-
-        def ended() -> int:
-            return sum(1 for p in out.iterdir() if "\nend " in "\n" + p.read_text())
+        submitting = asyncio.ensure_future(
+            asyncio.to_thread(submit_marking_jobs, cluster.batch, tmp_path, JOBS)
+        )
 
         def ended_at_least(count: int) -> bool:
-            return ended() >= count
+            return ended(out) >= count
 
         await apoll(functools.partial(ended_at_least, JOBS // 3), 300, f"{JOBS // 3} jobs to end", 0.2)
         crashed = time.monotonic()
@@ -140,7 +116,7 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
         await asyncio.sleep(max(0.0, crashed + OUTAGE_SECONDS - time.monotonic()))  # the fault's length
         assert cluster.scheduler.alive, "the scheduler exited while the database was away"
         restart_seconds = await asyncio.to_thread(durable_postgres.restart)
-        back, before = time.monotonic(), ended()
+        back, before = time.monotonic(), ended(out)
         outage = back - crashed
 
         await apoll(functools.partial(ended_at_least, before + 1), 120, "a job to end after the restart", 0.1)
@@ -160,7 +136,7 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
         jobs = list(acknowledged.values())
         await settle(url, jobs, 300, cluster.logs)
         await apoll(lambda: all(r.end is not None for r in read_runs(out)), 30, "every run to end")
-        findings = examine(read_runs(out))
+        findings = examine(read_runs(out), SLOTS)
         figures = check_events(await cluster.events(), tmp_path, acknowledged)
         figures.recovery_seconds = [job_ended, read_model_back]
         print(
@@ -169,10 +145,7 @@ async def test_postgres_killed_and_restarted_during_short_jobs(
             f"up {read_model_back:.1f} s after it was back; {findings.line()}"
         )
         print(figures.line(f"PostgreSQL kill -9 during {JOBS} short jobs"))
-        assert not findings.overlaps, f"runs of one job overlapped: {findings.overlaps[:5]}"
-        assert not findings.again_after_finish, f"jobs ran again: {findings.again_after_finish[:5]}"
-        assert findings.most_at_once <= SLOTS, findings.line()
-        assert len({r.job_id for r in read_runs(out)}) == JOBS
+        findings.check(JOBS)
         assert await asyncio.to_thread(succeeded_listed, cluster.batch) == set(jobs)  # List is not frozen
         assert cluster.scheduler.alive, "the scheduler exited"
         assert projector.failure is None and projector.rebuilds == 0

@@ -32,8 +32,8 @@ import pytest
 from gpuquota.adapters.log_codec import decode_record
 from tests.e2e.conftest import G5, ClusterFactory, apoll
 from tests.e2e.faults import check_events, settle, setup_queue
-from tests.e2e.test_agent_killed_during_short_jobs import examine, marking_payload, read_runs
-from tests.e2e.test_database_restart import submit_through, succeeded_listed
+from tests.e2e.short_jobs import ended, examine, read_runs, submit_marking_jobs
+from tests.e2e.test_database_restart import succeeded_listed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -88,17 +88,10 @@ async def test_a_log_that_lost_its_tail_runs_no_finished_job_again(
     url = cluster.gateway.url
     await asyncio.to_thread(setup_queue, url, SLOTS)
 
-    def submit_all() -> dict[str, str]:
-        acknowledged = {}
-        for i in range(JOBS):
-            payload = marking_payload(tmp_path, 0.2 + 0.8 * ((i * 7) % 10) / 9)  # 0.2 to 1 s
-            acknowledged[f"j{i}"] = submit_through(cluster.batch, f"j{i}", payload)
-        return acknowledged
-
-    submitting = asyncio.ensure_future(asyncio.to_thread(submit_all))
+    submitting = asyncio.ensure_future(asyncio.to_thread(submit_marking_jobs, cluster.batch, tmp_path, JOBS))
 
     def ended_at_least(count: int) -> bool:
-        return sum(1 for p in out.iterdir() if "\nend " in "\n" + p.read_text()) >= count
+        return ended(out) >= count
 
     await apoll(functools.partial(ended_at_least, JOBS // 2), 300, f"{JOBS // 2} jobs to end", 0.2)
     await cluster.scheduler.kill()
@@ -118,7 +111,7 @@ async def test_a_log_that_lost_its_tail_runs_no_finished_job_again(
     await settle(url, jobs, 300, cluster.logs)
     recovered = time.monotonic() - restarted
     await apoll(lambda: all(r.end is not None for r in read_runs(out)), 30, "every run to end")
-    findings = examine(read_runs(out))
+    findings = examine(read_runs(out), SLOTS)
     figures = check_events(await cluster.events(), tmp_path, acknowledged)
     figures.recovery_seconds = [recovered]
     said = cluster.scheduler.log_path.read_text(errors="replace")
@@ -130,10 +123,7 @@ async def test_a_log_that_lost_its_tail_runs_no_finished_job_again(
     print(figures.line(f"log tail of {LOST} records lost during {JOBS} short jobs"))
     assert cut["successes"] > 0, "the cut held no success: the test proves nothing"
     assert "past the event log's position" in said, "the scheduler did not read the lost inputs again"
-    assert not findings.overlaps, f"runs of one job overlapped: {findings.overlaps[:5]}"
-    assert not findings.again_after_finish, f"finished jobs ran again: {findings.again_after_finish[:5]}"
-    assert findings.most_at_once <= SLOTS, findings.line()
-    assert len({r.job_id for r in read_runs(out)}) == JOBS
+    findings.check(JOBS)
     listed: Any = await asyncio.to_thread(succeeded_listed, cluster.batch)
     assert listed == set(jobs)
     assert projector.failure is None

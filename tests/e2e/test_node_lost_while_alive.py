@@ -51,8 +51,8 @@ class Partition:
     def __init__(self, agent: NodeAgent) -> None:
         self.cut = False
         self.failed = 0
-        self._send = agent._send
-        agent._send = self.send
+        self._send = agent.outbox.send
+        agent.outbox.send = self.send
 
     async def send(self, message: SchedulerInput) -> object:
         if self.cut:

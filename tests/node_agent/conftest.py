@@ -178,11 +178,12 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         node_id: str = NODE,
         send_many: SendMany | None = None,
         exit_wrapper: tuple[str, ...] | None = None,
+        with_gpus: bool = True,
     ) -> NodeAgent:
         agent = NodeAgent(
             node_id,
             "default",
-            parse_slots(slots),
+            parse_slots(slots, with_gpus=with_gpus),
             runtime or ProcessRuntime(poll_seconds=0.01, exit_wrapper=exit_wrapper),
             sched.send,
             work_dir or tmp_path / "work",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuquota.core.lifecycle import algorithm_error
-from gpuquota.node_agent import NodeAgent, parse_slots
+from gpuquota.node_agent import NodeAgent
 from gpuquota.node_agent.container import ContainerEngine, ContainerRuntime, describe_exit
 from gpuquota.wire.node_commands import GangNode
 from tests.containers import build_trainer_image, find_engine, remove_job_containers, unique
@@ -45,9 +45,7 @@ def container_agent(
     make_agent: AgentFactory, sched: Scheduler, engine: ContainerEngine, **kw: Any
 ) -> NodeAgent:
     """An agent with the container runtime on slots without GPUs (no NVML here: no GPU flag)."""
-    agent = make_agent(sched, runtime=ContainerRuntime(engine), **kw)
-    agent.slots = parse_slots(kw.get("slots", "ml.g5.xlarge=2"), with_gpus=False)
-    return agent
+    return make_agent(sched, runtime=ContainerRuntime(engine), with_gpus=False, **kw)
 
 
 def new_job(job_ids: list[str], prefix: str) -> str:

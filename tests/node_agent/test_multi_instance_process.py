@@ -29,7 +29,9 @@ INSTANCE = textwrap.dedent(
     out = pathlib.Path(os.environ["OUT_DIR"])
     keys = ("SM_HOSTS", "SM_CURRENT_HOST", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK")
     me = os.environ["SM_CURRENT_HOST"]
-    (out / f"{me}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()}))
+    # written aside, then renamed: a test that sees the file sees all of it
+    (out / f".{me}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()}))
+    (out / f".{me}.json").rename(out / f"{me}.json")
     if os.environ.get("FAIL_HOST") == me:
         # fail only once every instance has started (and written its file), with a deadline
         hosts, deadline = json.loads(os.environ["SM_HOSTS"]), time.monotonic() + 30

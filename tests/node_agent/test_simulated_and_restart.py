@@ -211,7 +211,7 @@ async def test_restart_with_the_process_gone_forgets_it_unreported(
 
 async def test_restart_with_a_reused_pid_does_not_adopt(tmp_path: Path) -> None:
     runtime = ProcessRuntime()
-    from gpuquota.node_agent.runtime import AdoptRecord
+    from gpuquota.node_agent.launch import AdoptRecord
 
     me = os.getpid()
     wrong_start = (procs.start_time(me) or 0) + 12345

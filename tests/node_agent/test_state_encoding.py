@@ -9,8 +9,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpuquota.node_agent.launch import Outcome
 from gpuquota.node_agent.records import Attempt, AttemptBook
-from gpuquota.node_agent.runtime import EndedHandle, Outcome
+from gpuquota.node_agent.runtime import EndedHandle
 from gpuquota.wire.inputs import AttemptReport
 from tests.node_agent.conftest import NODE, run_cmd
 from tests.node_agent.test_simulated_and_restart import sim_payload

@@ -10,7 +10,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from gpuquota.node_agent.runtime import AdoptRecord, ProcessHandle, ProcessRuntime, wrapper_pid
+from gpuquota.node_agent.launch import AdoptRecord
+from gpuquota.node_agent.runtime import ProcessHandle, ProcessRuntime, wrapper_pid
 from tests.node_agent.conftest import wait_until
 
 

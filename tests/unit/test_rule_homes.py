@@ -91,8 +91,6 @@ def test_a_share_limit_is_at_least_one() -> None:
 PACKAGE = Path(gpuquota.__file__).parent
 TIMING_DEFAULTS = {"heartbeat_seconds", "heartbeat_timeout_ms", "preemption_grace", "tick_seconds"}
 """Parameters and fields whose default is a ``SchedulingPolicy`` figure (``core/policy.py``)."""
-BEING_REWRITTEN = {"scheduler/shell.py", "scheduler/pools.py"}
-"""Issue #32 point 1 replaces these with one batch driver: its defaults come from the policy too."""
 
 
 def _modules() -> Iterator[tuple[str, ast.Module, list[str]]]:
@@ -174,8 +172,7 @@ def test_the_number_of_share_limits_is_written_once() -> None:
 
 
 def test_the_timing_defaults_are_written_once_in_the_scheduling_policy() -> None:
-    found = _written_again("core/policy.py", _timing_default)
-    assert [f for f in found if f.partition(":")[0] not in BEING_REWRITTEN] == []
+    assert _written_again("core/policy.py", _timing_default) == []
     assert ClusterState().heartbeat_timeout_ms == DEFAULT_POLICY.heartbeat_timeout_ms == 30_000
     assert SchedulingPolicy(heartbeat_seconds=0.5).heartbeat_timeout_ms == 3000  # lost after 6 periods
     assert SchedulerSettings.model_fields["heartbeat_seconds"].default == DEFAULT_POLICY.heartbeat_seconds

@@ -17,10 +17,6 @@ from typing import Any
 
 from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError, default_endpoint
-from gpuquota.ctl.manage import configure_queues as configure_queues  # re-exported: `gpuquota queues`
-from gpuquota.ctl.manage import queues_command as queues_command
-from gpuquota.ctl.nodes import configure_nodes as configure_nodes  # re-exported: `gpuquota nodes`
-from gpuquota.ctl.nodes import nodes_command as nodes_command
 from gpuquota.ctl.options import add_common
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.submit import configure_logs, configure_submit, logs_command, submit_command
@@ -32,9 +28,11 @@ DEFAULT_TERMINATE_REASON = "Terminated by gpuquota jobs terminate"
 
 
 def run(command: Callable[[Api, argparse.Namespace, Style], int], args: argparse.Namespace) -> int:
-    """Run ``command`` with an ``Api``; a ``CliError`` becomes one line on stderr and exit code 1."""
+    """Run ``command`` with an ``Api``; how it fails: ``guarded``."""
     api: Api | None = None
-    try:
+
+    def body() -> int:
+        nonlocal api
         api = Api(args.endpoint or default_endpoint())
         style = Style.for_stream(sys.stdout)
         if getattr(args, "watch", False):
@@ -43,20 +41,29 @@ def run(command: Callable[[Api, argparse.Namespace, Style], int], args: argparse
             client = api
             return loop(lambda: command(client, args, style), args)
         return command(api, args, style)
+
+    sub = (getattr(args, f"{c}_command", None) for c in ("jobs", "shares", "queues"))
+    try:
+        return guarded("gpuquota " + " ".join(filter(None, (args.command, *sub))), body)
+    finally:
+        if api is not None:
+            api.close()
+
+
+def guarded(prog: str, body: Callable[[], int]) -> int:
+    """Runs ``body``, a command; a ``CliError`` becomes one line on stderr and exit code 1, an interrupt
+    exit code 130, a broken pipe (``| head``) exit code 1 with nothing more on stdout."""
+    try:
+        return body()
     except CliError as exc:
-        sub = (getattr(args, f"{c}_command", None) for c in ("jobs", "shares", "queues"))
-        name = " ".join(filter(None, (args.command, *sub)))
-        print(f"gpuquota {name}: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"gpuquota {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         quiet_stdout()
         return 1
-    finally:
-        if api is not None:
-            api.close()
 
 
 def quiet_stdout() -> None:

@@ -36,7 +36,7 @@ from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
 from gpuquota.ctl.apply import apply, format_changes
 from gpuquota.ctl.apply_doc import parse
-from gpuquota.ctl.commands import format_shares, quiet_stdout
+from gpuquota.ctl.commands import format_shares, guarded
 from gpuquota.ctl.demo_image import RUNTIME_LINES, build_demo_image, container_payload
 from gpuquota.ctl.demo_scenario import (
     DISPATCHED,
@@ -49,6 +49,7 @@ from gpuquota.ctl.demo_scenario import (
     Step,
     job_payload,
     observed,
+    play_steps,
 )
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.timeline import Marker, Timeline, Track, render_svg, segments_from_samples
@@ -142,13 +143,10 @@ class Demo:
     def act(self, index: int) -> None:
         labels = ("1: submit 3 jobs to QS1", "2: submit qs2_job_1 to QS2", "3: qs1_job_low priority 1 -> 4")
         self.steps_at.append((_now_ms(), labels[index]))
-        if index == 0:
-            for name, priority in (("qs1_job_high", 3), ("qs1_job_med", 2), ("qs1_job_low", 1)):
-                self.submit(name, "QS1", priority)
-        elif index == 1:
-            self.submit("qs2_job_1", "QS2", 1)
-        else:
-            self.api.call("update_service_job", jobId=self.ids["qs1_job_low"], schedulingPriority=4)
+        STEPS[index].act(self.submit, self.update)
+
+    def update(self, name: str, priority: int) -> None:
+        self.api.call("update_service_job", jobId=self.ids[name], schedulingPriority=priority)
 
     # ----- the whole demo ----------------------------------------------------------------------
 
@@ -319,92 +317,80 @@ def run_demo(args: argparse.Namespace, start_stack: StartStack) -> int:
         from gpuquota.ctl.demo_sdk import run_sdk_demo
 
         return run_sdk_demo(args)
-    style = Style.for_stream(sys.stdout)
-    out_dir = Path(args.output_dir)
+    held = _Held()
+    try:
+        return guarded("gpuquota demo", lambda: _play(args, start_stack, held))
+    finally:
+        held.clean_up()
+
+
+@dataclass
+class _Held:
+    """What the demo started, for ``clean_up`` to stop and remove however the demo ended."""
+
+    demo: Demo | None = None
+    api: Api | None = None
     stack: Stack | None = None
     temp: tempfile.TemporaryDirectory[str] | None = None
-    api: Api | None = None
-    demo: Demo | None = None
-    results: list[StepResult] = []
-    failed = False
-    try:
+
+    def clean_up(self) -> None:
+        """Terminate the demo's jobs and wait until they are stopped (no process outlives the demo)."""
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CliError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
-        print(style("gpuquota demo", "bold") + ": the worked example of semantics.md S8, through boto3")
-        image: str | None = None
-        if args.endpoint:
-            endpoint, python = args.endpoint, "python3"
-            where = f"{endpoint} (its node agents decide the runtime)"
-        else:
-            logging.getLogger("gpuquota").setLevel(logging.WARNING)
-            temp = tempfile.TemporaryDirectory(prefix="gpuquota-demo-")
-            image = build_demo_image() if args.runtime == "container" else None
-            try:
-                stack = start_stack(Path(temp.name), args.runtime)
-            except (OSError, ValueError) as exc:
-                raise CliError(f"cannot start the embedded stack: {exc}") from None
-            endpoint, python = stack.url, sys.executable
-            runtime = RUNTIME_LINES[args.runtime]
-            where = f"embedded stack at {endpoint}, 1 node agent with 3 x {G5}\n         {runtime}"
-        print(f"  stack  {where}")
-        print("")
-        api = Api(endpoint)
-        api.get("/health")
-        demo = Demo(api, python, style, step_timeout=args.step_timeout, image=image)
-        demo.started_ms = _now_ms()
-        demo.setup()
-        demo.started_ms = _now_ms()
-        for index in range(len(STEPS)):
-            result = demo.run_step(index)
-            results.append(result)
-            if not result.ok:
-                failed = True
-                break
-        end = _now_ms()
-        subtitle = (
-            f"SE 3 x {G5} · QS1 LEND_AND_BORROW 200%, in-share preemption · QS2 LEND · QS3 RESERVE · "
-            + (f"stack at {endpoint}" if args.endpoint else f"embedded stack, {args.runtime} runtime")
-        )
-        svg = render_svg(demo.timeline(end, subtitle))
-        path = out_dir / "timeline.svg"
-        path.write_text(svg)
-        passed = sum(1 for r in results if r.ok)
-        summary = f"{passed}/{len(STEPS)} steps passed"
-        print(style.verdict(not failed) + "  " + summary)
-        print(f"Timeline: {path}")
-        return 1 if failed else 0
-    except CliError as exc:
-        print(f"gpuquota demo: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("gpuquota demo: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        quiet_stdout()
-        return 1
-    finally:
-        _cleanup(demo, api, stack, temp)
+            reason = "Terminated by gpuquota demo: the demo is over"
+            demo = self.demo
+            if demo is not None and demo.ids and not demo.terminate(list(demo.ids.values()), reason):
+                print("gpuquota demo: some jobs did not stop within 60 s", file=sys.stderr)
+        except CliError as exc:
+            print(f"gpuquota demo: cleaning up: {exc}", file=sys.stderr)
+        finally:
+            if self.api is not None:
+                self.api.close()
+            if self.stack is not None:
+                self.stack.close()
+            if self.temp is not None:
+                self.temp.cleanup()
 
 
-def _cleanup(
-    demo: Demo | None,
-    api: Api | None,
-    stack: Stack | None,
-    temp: tempfile.TemporaryDirectory[str] | None,
-) -> None:
-    """Terminate the demo's jobs and wait until they are stopped (no process outlives the demo)."""
+def _play(args: argparse.Namespace, start_stack: StartStack, held: _Held) -> int:
+    style = Style.for_stream(sys.stdout)
+    out_dir = Path(args.output_dir)
     try:
-        reason = "Terminated by gpuquota demo: the demo is over"
-        if demo is not None and demo.ids and not demo.terminate(list(demo.ids.values()), reason):
-            print("gpuquota demo: some jobs did not stop within 60 s", file=sys.stderr)
-    except CliError as exc:
-        print(f"gpuquota demo: cleaning up: {exc}", file=sys.stderr)
-    finally:
-        if api is not None:
-            api.close()
-        if stack is not None:
-            stack.close()
-        if temp is not None:
-            temp.cleanup()
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
+    print(style("gpuquota demo", "bold") + ": the worked example of semantics.md S8, through boto3")
+    image: str | None = None
+    if args.endpoint:
+        endpoint, python = args.endpoint, "python3"
+        where = f"{endpoint} (its node agents decide the runtime)"
+    else:
+        logging.getLogger("gpuquota").setLevel(logging.WARNING)
+        held.temp = temp = tempfile.TemporaryDirectory(prefix="gpuquota-demo-")
+        image = build_demo_image() if args.runtime == "container" else None
+        try:
+            held.stack = stack = start_stack(Path(temp.name), args.runtime)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot start the embedded stack: {exc}") from None
+        endpoint, python = stack.url, sys.executable
+        runtime = RUNTIME_LINES[args.runtime]
+        where = f"embedded stack at {endpoint}, 1 node agent with 3 x {G5}\n         {runtime}"
+    print(f"  stack  {where}")
+    print("")
+    held.api = api = Api(endpoint)
+    api.get("/health")
+    held.demo = demo = Demo(api, python, style, step_timeout=args.step_timeout, image=image)
+    demo.started_ms = _now_ms()
+    demo.setup()
+    demo.started_ms = _now_ms()
+    passed = play_steps(lambda index: demo.run_step(index).ok)
+    failed = passed < len(STEPS)
+    end = _now_ms()
+    subtitle = f"SE 3 x {G5} · QS1 LEND_AND_BORROW 200%, in-share preemption · QS2 LEND · QS3 RESERVE · " + (
+        f"stack at {endpoint}" if args.endpoint else f"embedded stack, {args.runtime} runtime"
+    )
+    svg = render_svg(demo.timeline(end, subtitle))
+    path = out_dir / "timeline.svg"
+    path.write_text(svg)
+    print(style.verdict(not failed) + f"  {passed}/{len(STEPS)} steps passed")
+    print(f"Timeline: {path}")
+    return 1 if failed else 0

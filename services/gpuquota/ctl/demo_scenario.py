@@ -8,6 +8,7 @@ three steps with the job states each must reach (``STEPS``). ``gpuquota.ctl.demo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,17 @@ class Step:
     expect: dict[str, Expect]
     explain: str
     """The job whose ``gpuquota explain`` the step shows."""
+    submits: tuple[tuple[str, str, int], ...] = ()
+    """What the step submits first: (job name, quota share, scheduling priority)."""
+    updates: tuple[tuple[str, int], ...] = ()
+    """Then whose scheduling priority it changes: (job name, new priority)."""
+
+    def act(self, submit: Callable[[str, str, int], None], update: Callable[[str, int], None]) -> None:
+        """Does what the step does, through a client's ``submit`` and ``update``."""
+        for name, share, priority in self.submits:
+            submit(name, share, priority)
+        for name, priority in self.updates:
+            update(name, priority)
 
 
 STEPS = (
@@ -110,6 +122,7 @@ STEPS = (
             "qs1_job_low": Expect("RUNNABLE", "QS3's idle instance is reserved"),
         },
         "qs1_job_low",
+        submits=(("qs1_job_high", "QS1", 3), ("qs1_job_med", "QS1", 2), ("qs1_job_low", "QS1", 1)),
     ),
     Step(
         "Submit qs2_job_1 (priority 1) to QS2",
@@ -120,6 +133,7 @@ STEPS = (
             "qs1_job_low": Expect("RUNNABLE", "still waits"),
         },
         "qs1_job_med",
+        submits=(("qs2_job_1", "QS2", 1),),
     ),
     Step(
         "UpdateServiceJob(qs1_job_low, schedulingPriority=4)",
@@ -130,8 +144,17 @@ STEPS = (
             "qs2_job_1": Expect("RUNNING", "keeps running"),
         },
         "qs1_job_high",
+        updates=(("qs1_job_low", 4),),
     ),
 )
+
+
+def play_steps(play: Callable[[int], bool]) -> int:
+    """Plays the steps (``play(index)``: it passed) in order until one fails; how many passed."""
+    passed = 0
+    while passed < len(STEPS) and play(passed):
+        passed += 1
+    return passed
 
 
 def preempted_count(job: dict[str, Any]) -> int:

@@ -36,7 +36,8 @@ from gpuquota.ctl import render
 from gpuquota.ctl.api import Api, CliError
 from gpuquota.ctl.apply import apply
 from gpuquota.ctl.apply_doc import parse
-from gpuquota.ctl.demo_scenario import G5, QUEUE, STEPS, TERMINAL, WORKED_EXAMPLE, Step, observed
+from gpuquota.ctl.commands import guarded
+from gpuquota.ctl.demo_scenario import G5, QUEUE, STEPS, TERMINAL, WORKED_EXAMPLE, Step, observed, play_steps
 from gpuquota.ctl.env import env_lines
 from gpuquota.ctl.render import Style
 from gpuquota.ctl.sdk_image import build_sdk_image, image_map
@@ -139,13 +140,10 @@ class BlogRun:
         )
 
     def act(self, index: int) -> None:
-        if index == 0:
-            for name, priority in (("qs1_job_high", 3), ("qs1_job_med", 2), ("qs1_job_low", 1)):
-                self.submit(name, "QS1", priority)
-        elif index == 1:
-            self.submit("qs2_job_1", "QS2", 1)
-        else:
-            self.jobs["qs1_job_low"].update(scheduling_priority=4)
+        STEPS[index].act(self.submit, self.update)
+
+    def update(self, name: str, priority: int) -> None:
+        self.jobs[name].update(scheduling_priority=priority)
 
     def describe(self) -> dict[str, dict[str, Any]]:
         return {name: job.describe() for name, job in self.jobs.items()}
@@ -235,45 +233,45 @@ def show_results(run: BlogRun, api: Api, style: Style) -> bool:
 
 
 def run_sdk_demo(args: argparse.Namespace) -> int:
-    style = Style.for_stream(sys.stdout)
+    return guarded("gpuquota demo --sdk", lambda: _said(args))
+
+
+def _said(args: argparse.Namespace) -> int:
     try:
-        _require_sdk()
-        if getattr(args, "endpoint", None):
-            raise CliError(
-                "--sdk starts its own stack (gpuquota up --s3 local --runtime container): drop --endpoint"
-            )
-        engine = _engine()
-        print(style("gpuquota demo --sdk", "bold") + ": the seed blog's three steps with the SageMaker SDK")
-        image = build_sdk_image(engine, START_SECONDS)
-        for name in ("botocore", "sagemaker"):  # their INFO lines would drown the demo's
-            logging.getLogger(name).setLevel(logging.WARNING)
-        with (
-            tempfile.TemporaryDirectory(prefix="gpuquota-demo-sdk-") as tmp,
-            local_stack(Path(tmp) / "up", image_map(image)) as url,
-        ):
-            api = Api(url)
-            set_environment(api, Path(tmp) / "config")
-            print(f"  stack  gpuquota up --runtime container --s3 local at {url}, 3 x {G5}")
-            apply(api, parse(WORKED_EXAMPLE, "the worked example"))
-            run = BlogRun()
-            print(f"  image  {run.image_uri} -> {image} (GPUQUOTA_IMAGE_MAP)\n")
-            passed = 0
-            for index in range(len(STEPS)):
-                if not play_step(run, index, style, args.step_timeout):
-                    break
-                passed += 1
-            jobs_ok = passed == len(STEPS) and show_results(run, api, style)
-            api.close()
-        ok = passed == len(STEPS) and jobs_ok
-        summary = f"{passed}/{len(STEPS)} steps passed" + (", every job said Hello World" if jobs_ok else "")
-        print(style.verdict(ok) + "  " + summary + (" and left its model.tar.gz in S3" if jobs_ok else ""))
-        return 0 if ok else 1
-    except CliError as exc:
-        print(f"gpuquota demo --sdk: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("gpuquota demo --sdk: interrupted", file=sys.stderr)
-        return 130
+        return _play(args)
+    except CliError:
+        raise
     except Exception as exc:  # the SDK's and botocore's own errors: said, not a traceback
         print(f"gpuquota demo --sdk: the SDK failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+def _play(args: argparse.Namespace) -> int:
+    style = Style.for_stream(sys.stdout)
+    _require_sdk()
+    if getattr(args, "endpoint", None):
+        raise CliError(
+            "--sdk starts its own stack (gpuquota up --s3 local --runtime container): drop --endpoint"
+        )
+    engine = _engine()
+    print(style("gpuquota demo --sdk", "bold") + ": the seed blog's three steps with the SageMaker SDK")
+    image = build_sdk_image(engine, START_SECONDS)
+    for name in ("botocore", "sagemaker"):  # their INFO lines would drown the demo's
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuquota-demo-sdk-") as tmp,
+        local_stack(Path(tmp) / "up", image_map(image)) as url,
+    ):
+        api = Api(url)
+        set_environment(api, Path(tmp) / "config")
+        print(f"  stack  gpuquota up --runtime container --s3 local at {url}, 3 x {G5}")
+        apply(api, parse(WORKED_EXAMPLE, "the worked example"))
+        run = BlogRun()
+        print(f"  image  {run.image_uri} -> {image} (GPUQUOTA_IMAGE_MAP)\n")
+        passed = play_steps(lambda index: play_step(run, index, style, args.step_timeout))
+        jobs_ok = passed == len(STEPS) and show_results(run, api, style)
+        api.close()
+    ok = passed == len(STEPS) and jobs_ok
+    summary = f"{passed}/{len(STEPS)} steps passed" + (", every job said Hello World" if jobs_ok else "")
+    print(style.verdict(ok) + "  " + summary + (" and left its model.tar.gz in S3" if jobs_ok else ""))
+    return 0 if ok else 1

@@ -38,7 +38,7 @@ def _completion_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from gpuquota.entrypoints.distributed import run_gateway
+    from gpuquota.entrypoints.serve import run_gateway
 
     return run_gateway(
         auth_keys=args.auth_keys,
@@ -57,7 +57,7 @@ def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    from gpuquota.entrypoints.distributed import run_scheduler
+    from gpuquota.entrypoints.serve import run_scheduler
 
     return run_scheduler(metrics_port=args.metrics_port)
 
@@ -84,13 +84,13 @@ def _imported(module: str, name: str) -> Callable[[Any], Any]:
     return call
 
 
-def _client(name: str) -> Handler:
-    """A client command of :mod:`gpuquota.ctl.commands` (``<name>_command``), run with error handling."""
+def _client(name: str, module: str = "gpuquota.ctl.commands") -> Handler:
+    """A client command (``<name>_command`` of ``module``), run with error handling (``commands.run``)."""
 
     def handler(args: argparse.Namespace) -> int:
         from gpuquota.ctl import commands
 
-        return commands.run(getattr(commands, f"{name}_command"), args)
+        return commands.run(getattr(importlib.import_module(module), f"{name}_command"), args)
 
     return handler
 
@@ -130,8 +130,11 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
         "show quota shares: limits, usage, borrowed, lent, queued; disable, enable or delete one",
         _client("shares"),
     ),
-    "queues": ("list job queues; disable, enable or delete one", _client("queues")),
-    "nodes": ("list nodes (slots, GPUs, attempts, heartbeat); drain or undrain one", _client("nodes")),
+    "queues": ("list job queues; disable, enable or delete one", _client("queues", "gpuquota.ctl.manage")),
+    "nodes": (
+        "list nodes (slots, GPUs, attempts, heartbeat); drain or undrain one",
+        _client("nodes", "gpuquota.ctl.nodes"),
+    ),
     "explain": ("explain why a job waits or was preempted", _client("explain")),
     "env": (
         'print the shell set-up of boto3 and the SageMaker SDK for this stack: eval "$(gpuquota env)"',
@@ -156,7 +159,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "jobs": _imported("gpuquota.ctl.commands", "configure_jobs"),
     "shares": _imported("gpuquota.ctl.commands", "configure_shares"),
     "queues": _imported("gpuquota.ctl.manage", "configure_queues"),
-    "nodes": _imported("gpuquota.ctl.commands", "configure_nodes"),
+    "nodes": _imported("gpuquota.ctl.nodes", "configure_nodes"),
     "explain": _imported("gpuquota.ctl.commands", "configure_explain"),
     "env": _imported("gpuquota.ctl.env", "configure_env"),
     "simulate": _imported("gpuquota.sim.commands", "configure_simulate"),

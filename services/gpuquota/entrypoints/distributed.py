@@ -6,48 +6,40 @@
 * ``NodeAgentService``: one node agent whose ``send`` and commands go through ``KafkaNodeLink``.
 * ``DistributedStack``: all three in one process (``gpuquota up --kafka ... --database-url ...``).
 
-``gpuquota gateway``, ``gpuquota scheduler`` and ``gpuquota node-agent`` run one service each,
-configured by ``GPUQUOTA_*`` variables (``gpuquota.config.settings``).
+``gpuquota gateway``, ``gpuquota scheduler`` and ``gpuquota node-agent`` run one service each
+(``entrypoints.serve``, ``entrypoints.node_agent``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import os
-import signal
-import sys
-from collections.abc import Awaitable, Callable
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
-from gpuquota.config.settings import PLAINTEXT, GatewaySettings, KafkaSecurity, SchedulerSettings
+from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import S3Client
-from gpuquota.entrypoints.metrics_port import scheduler_ops
 from gpuquota.gateway import Gateway
 from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import Keyring
 from gpuquota.gateway.browser_guard import BrowserPolicy
 from gpuquota.gateway.kafka_port import KafkaCommandPort, cancel
 from gpuquota.gateway.log_tail import LogProjector
-from gpuquota.gateway.node_routes import HttpLogs, LocalLogs, LogReader, NodeRoutes
+from gpuquota.gateway.node_routes import LocalLogs, LogReader, NodeRoutes
 from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import NodeAgent, Runtime
 from gpuquota.node_agent.kafka_link import KafkaNodeLink
 from gpuquota.node_agent.logs import LogServer
 from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
-from gpuquota.observe.startup import drain, run_service, wait_for_dependencies, warn_unknown_variables
 from gpuquota.read.model import ReadModel
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
-from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.support.arns import ArnFactory
 from gpuquota.support.clock import wall_clock_ms
 from gpuquota.support.dirlock import DirectoryLock
@@ -56,52 +48,39 @@ from gpuquota.wire.base import SlotOffer
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class GatewayService:
     """The HTTP gateway of one pool in distributed mode; ``url`` and ``gateway`` once started."""
 
-    def __init__(
-        self,
-        kafka: str,
-        database_url: str,
-        *,
-        topics: KafkaTopics | None = None,
-        pool: str = "default",
-        host: str = "127.0.0.1",
-        port: int = 8080,
-        arns: ArnFactory | None = None,
-        decision_timeout: float = 5.0,
-        produce_timeout: float = 5.0,
-        admission: Admission | None = None,
-        store: EventStore | None = None,
-        auth: Keyring | None = None,
-        node_logs: LogReader | None = None,
-        browser: BrowserPolicy | None = None,
-        kafka_security: KafkaSecurity = PLAINTEXT,
-    ) -> None:
-        self.kafka = kafka
-        self.kafka_security = kafka_security
-        self.browser = browser
-        self.database_url = database_url
-        self.node_logs = node_logs
-        """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
-        self.topics = topics or KafkaTopics()
-        self.pool = pool
-        self.host = host
-        self.port = port
+    kafka: str
+    database_url: str
+    topics: KafkaTopics = field(default_factory=KafkaTopics, kw_only=True)
+    pool: str = field(default="default", kw_only=True)
+    host: str = field(default="127.0.0.1", kw_only=True)
+    port: int = field(default=8080, kw_only=True)
+    arns: InitVar[ArnFactory | None] = field(default=None, kw_only=True)
+    decision_timeout: float = field(default=5.0, kw_only=True)
+    produce_timeout: float = field(default=5.0, kw_only=True)
+    """Seconds the broker has to acknowledge an input before the request is a 503."""
+    admission: Admission = field(default_factory=Admission, kw_only=True)
+    store: EventStore | None = field(default=None, kw_only=True)
+    auth: Keyring | None = field(default=None, kw_only=True)
+    node_logs: LogReader | None = field(default=None, kw_only=True)
+    """How ``gpuquota jobs logs`` reads a node's log: ``HttpLogs`` (``GPUQUOTA_NODE_LOGS_URL``)."""
+    browser: BrowserPolicy | None = field(default=None, kw_only=True)
+    kafka_security: KafkaSecurity = field(default=PLAINTEXT, kw_only=True)
+    read_model: ReadModel = field(init=False)
+    projector: LogProjector | None = field(default=None, init=False)
+    producer: InputProducer | None = field(default=None, init=False)
+    gateway: Gateway | None = field(default=None, init=False)
+    registry: CollectorRegistry | None = field(default=None, init=False)
+    _own_store: bool = field(init=False)
+    _front: GatewayFront | None = field(default=None, init=False)
+    _tail: asyncio.Task[None] | None = field(default=None, init=False)
+
+    def __post_init__(self, arns: ArnFactory | None) -> None:
         self.read_model = ReadModel(arns)
-        self.decision_timeout = decision_timeout
-        self.produce_timeout = produce_timeout
-        """Seconds the broker has to acknowledge an input before the request is a 503."""
-        self.admission = admission or Admission()
-        self.store = store
-        self.auth = auth
-        self._own_store = store is None
-        self.projector: LogProjector | None = None
-        self.producer: InputProducer | None = None
-        self.gateway: Gateway | None = None
-        self._front: GatewayFront | None = None
-        self._tail: asyncio.Task[None] | None = None
-        self.registry: CollectorRegistry | None = None
+        self._own_store = self.store is None
 
     @property
     def url(self) -> str:
@@ -307,7 +286,7 @@ class DistributedStack:
             node_logs=local,
             browser=browser,
             kafka_security=kafka_security,
-            admission=admission,
+            admission=admission or Admission(),
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:
@@ -351,163 +330,3 @@ class DistributedStack:
             await agent.stop()
         await self.scheduler.stop()
         self.lock.release()
-
-
-# ----- process entry points -----------------------------------------------------------------------
-
-Stoppable = Callable[[], Awaitable[None]]
-
-
-async def serve(
-    start: Stoppable,
-    stop: Stoppable,
-    ready: Callable[[], str] | str | None = None,
-    failed: Awaitable[object] | None = None,
-) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or until ``failed`` resolves to an error (exit 1).
-
-    ``ready`` (a line, or a function giving it once started) is printed when ``start`` returns. A stop
-    that takes long logs what it waits for (``startup.drain``).
-    """
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(stopping.wait())]
-    if failed is not None:
-        waiters.append(asyncio.ensure_future(failed))
-    try:
-        await start()
-        if ready is not None:
-            print(ready if isinstance(ready, str) else ready(), flush=True)
-        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        error = next((w.result() for w in done if w is not waiters[0]), None)
-        return 1 if error is not None else 0
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await drain(stop)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-
-def configure_logging(level: str, fmt: str = "text") -> None:
-    """Text with timestamps, or JSON (``GPUQUOTA_LOG_FORMAT``): ``gpuquota.observe.logs``."""
-    from gpuquota.observe.logs import configure_logging as configure
-
-    configure(level, fmt)
-
-
-_S = TypeVar("_S", GatewaySettings, SchedulerSettings)
-
-
-def _settings(command: str, kind: type[_S], environ: dict[str, str] | None) -> _S | None:
-    """The service's settings from the environment, its logging configured; None (printed) if invalid."""
-    from gpuquota.config.settings import SettingsError
-
-    env = os.environ if environ is None else environ
-    warn_unknown_variables(command, env)
-    try:
-        settings = kind.from_env(env)
-    except SettingsError as exc:
-        print(f"{command}: {exc}", file=sys.stderr)
-        return None
-    configure_logging(settings.log_level, settings.log_format)
-    return settings
-
-
-def run_gateway(
-    environ: dict[str, str] | None = None,
-    auth_keys: str | None = None,
-    allow_unauthenticated: bool = False,
-    allowed_hosts: str | None = None,
-    allowed_origins: str | None = None,
-) -> int:
-    """``gpuquota gateway``: ``auth_keys`` (``--auth-keys``) overrides ``GPUQUOTA_AUTH_KEYS``;
-    ``allow_unauthenticated`` (``--allow-unauthenticated``) or its variable lifts the loopback rule;
-    ``allowed_hosts`` and ``allowed_origins`` (``--allowed-hosts``, ``--allowed-origins``) override
-    ``GPUQUOTA_ALLOWED_HOSTS`` and ``GPUQUOTA_ALLOWED_ORIGINS``."""
-    from gpuquota.gateway.auth import load_auth
-    from gpuquota.support.exposure import read_token
-
-    settings = _settings("gpuquota gateway", GatewaySettings, environ)
-    if settings is None:
-        return 2
-    path = auth_keys or (None if settings.auth_keys is None else str(settings.auth_keys))
-    allow = allow_unauthenticated or settings.allow_unauthenticated
-    try:  # before connecting to anything: a refused configuration never reaches the dependencies
-        auth = load_auth(path, settings.host, "gpuquota gateway", allow)
-        node_token = read_token(settings.node_token, settings.node_token_file)
-        browser = BrowserPolicy.parse(
-            allowed_hosts or settings.allowed_hosts, allowed_origins or settings.allowed_origins
-        )
-    except ValueError as exc:  # KeyConfigError, Exposed, TokenError
-        print(f"gpuquota gateway: {exc}", file=sys.stderr)
-        return 2
-
-    async def main() -> int:
-        await wait_for_dependencies(
-            "gpuquota gateway", settings.startup_timeout, settings.kafka, settings.database_url
-        )
-        service = GatewayService(
-            settings.kafka,
-            settings.database_url,
-            topics=KafkaTopics(settings.topic_prefix),
-            pool=settings.pool,
-            host=settings.host,
-            port=settings.port,
-            auth=auth,
-            node_logs=HttpLogs(settings.node_logs_url, node_token) if settings.node_logs_url else None,
-            browser=browser,
-            kafka_security=settings.kafka_security,
-            produce_timeout=settings.produce_timeout,
-            admission=Admission.of(settings),
-        )
-        return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
-
-    return run_service("gpuquota gateway", main)
-
-
-def run_scheduler(environ: dict[str, str] | None = None, metrics_port: int | None = None) -> int:
-    """``gpuquota scheduler``: ``metrics_port`` (``--metrics-port``) overrides ``GPUQUOTA_METRICS_PORT``."""
-    settings = _settings("gpuquota scheduler", SchedulerSettings, environ)
-    if settings is None:
-        return 2
-    port = metrics_port if metrics_port is not None else settings.metrics_port
-    config = SchedulerConfig(
-        kafka=settings.kafka,
-        database_url=settings.database_url,
-        topics=KafkaTopics(settings.topic_prefix),
-        kafka_security=settings.kafka_security,
-        default_pool=settings.pool,
-        snapshot_every=settings.snapshot_every,
-        tick_seconds=settings.tick_seconds,
-        heartbeat_timeout_ms=SchedulingPolicy(
-            heartbeat_seconds=settings.heartbeat_seconds
-        ).heartbeat_timeout_ms,
-        data_dir=settings.data_dir,
-        instance_id=settings.instance_id or None,
-    )
-
-    async def main() -> int:
-        await wait_for_dependencies(
-            "gpuquota scheduler", settings.startup_timeout, settings.kafka, settings.database_url
-        )
-        service = SchedulerService(config)
-        ops = None if port is None else scheduler_ops(service, port)
-
-        async def start() -> None:
-            if ops is not None:
-                await ops.start()  # live at once; ready once the service has started
-            await service.start()
-            gc.freeze()  # what start-up built (modules, faust, aiokafka) is never garbage
-
-        async def stop() -> None:
-            await service.stop()
-            if ops is not None:
-                await ops.stop()
-
-        return await serve(start, stop, "gpuquota scheduler ready", service.wait())
-
-    gc.set_threshold(*GC_THRESHOLDS)
-    return run_service("gpuquota scheduler", main)

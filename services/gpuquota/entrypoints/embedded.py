@@ -410,7 +410,8 @@ def _run_up(
 
 def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, up: Serving) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.entrypoints.distributed import DistributedStack, serve
+    from gpuquota.entrypoints.distributed import DistributedStack
+    from gpuquota.entrypoints.serve import serve
     from gpuquota.observe.startup import run_service, wait_for_dependencies
 
     async def main() -> int:

@@ -124,8 +124,9 @@ def _check_log_server(settings: NodeAgentSettings, token: str | None) -> None:
 def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str | None) -> int:
     """Run the agent over Kafka until SIGTERM/SIGINT."""
     from gpuquota.adapters.kafka import KafkaTopics
-    from gpuquota.entrypoints.distributed import NodeAgentService, configure_logging, serve
+    from gpuquota.entrypoints.distributed import NodeAgentService
     from gpuquota.entrypoints.metrics_port import agent_ops
+    from gpuquota.entrypoints.serve import configure_logging, serve
     from gpuquota.node_agent import make_runtime
     from gpuquota.node_agent.s3_stage import data_plane
     from gpuquota.observe.logs import bind

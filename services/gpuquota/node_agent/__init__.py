@@ -1,21 +1,14 @@
 """The GPU node agent: runs the attempts the scheduler places on one node and reports on them (I3)."""
 
-from gpuquota.node_agent.agent import LOST_REASON, NodeAgent, Send
+from gpuquota.node_agent.agent import NodeAgent
+from gpuquota.node_agent.launch import AttemptHandle, LaunchError, LaunchSpec, Outcome, Runtime
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, parse_payload
-from gpuquota.node_agent.runtime import (
-    AttemptHandle,
-    LaunchError,
-    LaunchSpec,
-    Outcome,
-    ProcessRuntime,
-    Runtime,
-    SimulatedRuntime,
-)
+from gpuquota.node_agent.runtime import ProcessRuntime, SimulatedRuntime
+from gpuquota.node_agent.sending import Send
 from gpuquota.node_agent.slots import INSTANCE_TYPE_GPUS, SlotSpecError, discover_slots, parse_slots
 
 __all__ = [
     "INSTANCE_TYPE_GPUS",
-    "LOST_REASON",
     "RUNTIMES",
     "AttemptHandle",
     "BadPayload",

@@ -46,7 +46,7 @@ from gpuquota.node_agent.instances import (
     local_instances,
     master_address,
 )
-from gpuquota.node_agent.runtime import AdoptRecord, AttemptHandle, LaunchError, LaunchSpec, Outcome, Trace
+from gpuquota.node_agent.launch import AdoptRecord, AttemptHandle, LaunchError, LaunchSpec, Outcome, Trace
 from gpuquota.node_agent.sagemaker_contract import InstanceLayout, prepare_instance, read_failure
 
 log = logging.getLogger(__name__)

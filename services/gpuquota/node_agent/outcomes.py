@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from gpuquota.core.lifecycle import algorithm_error
-from gpuquota.node_agent.runtime import Outcome
+from gpuquota.node_agent.launch import Outcome
 from gpuquota.wire.inputs import AttemptStatus
 
 FinalStatus = tuple[AttemptStatus, str | None, int | None]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from gpuquota.adapters.attempt_logs import safe_name
 from gpuquota.node_agent.instances import attempt_root, host_name
+from gpuquota.node_agent.launch import LaunchSpec
 from gpuquota.node_agent.payload import BadPayload, TrainingRequest, hyperparameter_env, parse_payload
-from gpuquota.node_agent.runtime import LaunchSpec
 from gpuquota.wire.base import SlotOffer
 from gpuquota.wire.inputs import InstanceOutput
 from gpuquota.wire.node_commands import RunAttempt

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota.node_agent import swapfile
-from gpuquota.node_agent.runtime import AttemptHandle
+from gpuquota.node_agent.launch import AttemptHandle
 from gpuquota.wire.inputs import AttemptReport, AttemptStatus, NodeAttempt
 from gpuquota.wire.node_commands import RunAttempt
 

@@ -28,15 +28,7 @@ from typing import Any
 
 from gpuquota.node_agent import children, instances, native_wrapper, procs
 from gpuquota.node_agent.instances import Instance
-
-# the runtime contract, re-exported for the modules that import it from here
-from gpuquota.node_agent.launch import AdoptRecord as AdoptRecord
-from gpuquota.node_agent.launch import AttemptHandle as AttemptHandle
-from gpuquota.node_agent.launch import LaunchError as LaunchError
-from gpuquota.node_agent.launch import LaunchSpec as LaunchSpec
-from gpuquota.node_agent.launch import Outcome as Outcome
-from gpuquota.node_agent.launch import Runtime as Runtime
-from gpuquota.node_agent.launch import Trace as Trace
+from gpuquota.node_agent.launch import AdoptRecord, AttemptHandle, LaunchError, LaunchSpec, Outcome, Trace
 
 # ----- process runtime -----------------------------------------------------------------------------
 

@@ -52,10 +52,10 @@ from urllib.parse import unquote, urlparse
 
 from gpuquota.config.settings import S3Settings
 from gpuquota.node_agent.instances import attempt_root, host_name
+from gpuquota.node_agent.launch import LaunchError, LaunchSpec
 from gpuquota.node_agent.outcomes import FinalStatus
 from gpuquota.node_agent.payload import BadPayload, InputChannel, TrainingRequest, parse_payload
 from gpuquota.node_agent.prepare import checkpoint_dir
-from gpuquota.node_agent.runtime import LaunchError, LaunchSpec
 from gpuquota.node_agent.s3_transfer import S3Config, S3Store, TransferFailed, is_s3, join_uri, split_uri
 from gpuquota.wire.node_commands import RunAttempt
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from gpuquota.node_agent.instances import Instance, attempt_root, host_name, total_instances
+from gpuquota.node_agent.launch import LaunchError, LaunchSpec
 from gpuquota.node_agent.payload import InputChannel
-from gpuquota.node_agent.runtime import LaunchError, LaunchSpec
 
 ML = "/opt/ml"
 CHECKPOINTS = f"{ML}/checkpoints"

@@ -10,7 +10,7 @@ arrived while the previous batch was handled, up to ``batch_max``, never waiting
 loop body is ``Pipeline.start_batch(records)``: decode or dead-letter, decide each pool's records in
 order, append them with their positions in one transaction, publish. Within a partition records are
 handled strictly in order. Two batches are in flight at most (``_BATCHES_IN_FLIGHT``): the next batch
-is decided while the one before is being appended (``scheduler.flight``). The agent acks a batch's
+is decided while the one before is being appended (``scheduler.driver``). The agent acks a batch's
 records once that batch is recorded and published (``Inbox.ack``, from the batch's future), and
 faust commits acked offsets every ``commit_interval``; those committed offsets are only advisory: the
 store's recorded positions decide what was already applied (see ``pipeline``), and where the log is

@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-Both modes run every input through the same pieces, in the same order; only the driver around them
-differs (``shell.SchedulerShell`` answers callers in one process, ``pipeline.Pipeline`` handles Kafka
-records per pool with their positions, dead letters and snapshots). The pieces, all in this module:
+Both modes run every input through the same pieces, in the same order, driven by the same batch driver
+(``scheduler.driver``); what differs is the port each mode gives the driver (``shell.SchedulerShell``
+answers callers in one process, ``pipeline.Pipeline`` handles Kafka records per pool with their
+positions, dead letters and snapshots). The pieces, all in this module:
 
 1. **one input** (``decide_one``): ``decide`` on the live state, append the input and its events
    (unless it is quiet, below), then ``evolve`` each event, collecting its ``Effects``. Nothing
@@ -26,16 +27,17 @@ records per pool with their positions, dead letters and snapshots). The pieces, 
    (``give_up``: its inputs wait on Kafka, unacknowledged, until their append commits), recognises
    a retried append that had committed in transit, and times every append (``on_append``: the
    metrics).
-4. **rebuild on failure**: if a batch's append fails the driver folds the log again
-   (``adapters.log_fold.fold_log``, the one fold: from the start in the embedded mode, from the latest
-   snapshot in the distributed one) and decides the inputs that were not recorded again.
+4. **rebuild on failure**: if a batch's append fails the driver drops the state, its port folds the
+   log again (``adapters.log_fold.fold_log``, the one fold: from the start in the embedded mode, from
+   the latest snapshot in the distributed one) and the driver decides again the inputs that were not
+   recorded.
 5. **publish** the effects through the ``Publisher`` port, in decision order and only once recorded:
    the embedded mode's in-process publisher (``shell.LocalPublisher``: node agents in the process,
    job-state subscribers), the distributed mode's Kafka publisher (``faust_app.FaustPublisher``).
 
-What stays in the drivers is their own: the shell's answers to callers, its two batches in flight and
-its redo one input at a time after a failed append; the pipeline's Kafka positions, skipped and
-duplicate records, dead letters, snapshots at exact sequences and reload-and-redo after a duplicate.
+Two batches in flight, settling in order and redoing after a failed append are the driver's; what
+stays in the modes is their port: the shell's answers to callers and read model; the pipeline's Kafka
+positions, skipped and duplicate records, dead letters and snapshots at exact sequences.
 """
 
 from __future__ import annotations
@@ -252,6 +254,15 @@ class StepBatch(Generic[_I]):
         self.recorded: list[_I] = []
         self.quiet: list[_I] = []
         self.entries: list[BatchEntry] = []
+
+    @classmethod
+    def of(cls, item: _I, one: Decided) -> StepBatch[_I]:
+        """``one`` input, decided by ``decide_one``, as a batch (one way to settle both)."""
+        batch: StepBatch[_I] = cls()
+        batch.effects = one.effects
+        batch.decided.append((item, one.events))
+        (batch.recorded if one.seq is not None else batch.quiet).append(item)
+        return batch
 
     def step(
         self, state: ClusterState, item: _I, message: SchedulerInput, position: Position | None = None

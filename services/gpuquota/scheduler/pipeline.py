@@ -40,24 +40,22 @@ nothing before a snapshot needs publishing again.
 Consumers therefore see each event at least once and de-duplicate by event id; node agents ignore a
 ``RunAttempt`` they already ran and a ``StopAttempt`` for an attempt they do not run.
 
-Batches: the records of one pool in a batch (below its recorded position: skipped; an input twice in the
-batch: the second is a duplicate) are decided one after another on the live state (the loop's
-``StepBatch``, as the embedded shell's batches), each input's events evolved before the next is decided
-(node commands, job records and input results derived from the state before each event), then appended
-with their positions by ONE ``append_many`` (one transaction, one round trip), and only then published,
-all in decision order; the agent acks the records afterwards. A snapshot due inside a batch is taken at
-its exact sequence (the state is dumped between inputs) and saved after the batch's publications are
-acknowledged; dumping a large state is paced (``scheduler.pacing``). The state runs ahead of the log until the
-append commits, so any failure of the append drops the pool's state: ``DuplicateInput`` (an input of the
-batch was recorded before: ``recorded_inputs`` names every such input, they are skipped) and
-``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as above;
-``TransientStoreError`` retries the same batch (if a retry finds the batch recorded, it had committed).
-Nothing is published for a batch that is not recorded.
-
-Two batches in flight (``start_batch``, ``scheduler.flight``): while a pool's batch is being appended
-the agent steps the next one on the state the first left; its append and publications follow once
-the first has settled, so appends stay in log order and publications in decision order, and a batch
-whose state was dropped before it was recorded is decided again after the redo of the one before.
+Batches: the records of one pool in a batch are handed to the pool's batch driver
+(``scheduler.driver``, the same as the embedded shell's), with this mode's port
+(``scheduler.pool_port``):
+its live state is the pool's ``PoolRuntime``, rebuilt by loading the latest snapshot and the log after
+it (``scheduler.recovery``); records below the pool's recorded position are skipped and an input twice
+in a batch is a duplicate (``todo``); the rest are stepped one after another on the live state, a
+snapshot due inside the batch dumped at its exact sequence (``stepped``), appended with their positions
+by ONE ``append_many`` once the batch before has settled, and only then settled: outcomes, positions,
+publications in decision order, and the snapshot, saved once they are acknowledged (``settle``); the
+agent acks the records afterwards. A failed append drops the pool's state: ``DuplicateInput`` (an input
+of the batch was recorded before: ``recorded_inputs`` names every such input, they are skipped) and
+``StaleWriter`` reload the pool from the store and decide the rest of the batch again, as one batch
+(``append_failed``); ``TransientStoreError`` retries the same batch (if a retry finds the batch
+recorded, it had committed). Nothing is published for a batch that is not recorded. A lone input is
+decided with its append awaited (``decide_one``: a duplicate costs no reload); an input whose step
+raises (a bug in the core) fails the batch and the worker.
 
 Ticks (``tick()``) are decided directly through the same path (decide, append, publish) for the pools
 this worker holds, once a pool has been loaded for ``tick_grace_seconds``: a scheduler that was down
@@ -72,19 +70,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from gpuquota.adapters.event_store import DuplicateInput, EventStore, Position, StaleWriter
-from gpuquota.scheduler.flight import BatchFlight, Item, Outcome, PipelineFailed, Tail, gathered
+from gpuquota.adapters.event_store import EventStore, Position, StaleWriter
+from gpuquota.scheduler.driver import BatchDriver
 from gpuquota.scheduler.loop import (
     Appender,
     JobStateRecord,
     LoopFailed,
     OnAppend,
     RetryPolicy,
-    answers,
-    decide_one,
 )
 from gpuquota.scheduler.pacing import Snapshots
-from gpuquota.scheduler.pools import PipelineSettings, PoolRuntime, Stats
+from gpuquota.scheduler.pool_port import PipelineFailed, PoolPort
+from gpuquota.scheduler.pools import Item, Outcome, PipelineSettings, PoolRuntime, Stats
 from gpuquota.scheduler.records import RecordPublisher, SourceRecord, decode, pool_of
 from gpuquota.scheduler.recovery import load_pool
 from gpuquota.support.clock import Clock, wall_clock_ms
@@ -92,7 +89,6 @@ from gpuquota.support.ids import uuid4
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import result_of_undecodable
-from gpuquota.wire.inputs import SchedulerInput
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +117,7 @@ class LogTruncated(LoopFailed):
     log lost from Kafka again (``scheduler.rewind``)."""
 
 
-class Pipeline(BatchFlight):
+class Pipeline:
     """Per-pool states of one scheduler worker; see the module docstring."""
 
     def __init__(
@@ -162,7 +158,8 @@ class Pipeline(BatchFlight):
         )
         self._loading: dict[str, asyncio.Lock] = {}
         self._partitions: dict[str, TopicPartition] = {}
-        self._tails: dict[str, Tail] = {}
+        self.drivers: dict[str, BatchDriver[Item, PoolRuntime]] = {}
+        """One per pool seen, kept across reloads of its state (its batches in flight)."""
         self._failure: BaseException | None = None
         self._recorded: dict[str, int] = {}
         """The last sequence of each pool this worker saw committed (a reload must not find less)."""
@@ -193,8 +190,15 @@ class Pipeline(BatchFlight):
             self._partitions[pool] = (record.topic, record.partition)
             position = Position(record.topic, record.partition, record.offset + 1)
             pools.setdefault(pool, []).append(Item(index, message, position))
-        started = [(items, await self._start_pool(pool, items)) for pool, items in pools.items()]
-        return asyncio.ensure_future(gathered(outcomes, started))
+        started = [(items, await self.driver(pool).start(items)) for pool, items in pools.items()]
+        return asyncio.ensure_future(_gathered(outcomes, started))
+
+    def driver(self, pool: str) -> BatchDriver[Item, PoolRuntime]:
+        """The pool's batch driver (made on first use)."""
+        driver = self.drivers.get(pool)
+        if driver is None:
+            driver = self.drivers[pool] = BatchDriver(PoolPort(self, pool), self.appender, pool)
+        return driver
 
     async def tick(self) -> None:
         """Decide a ``Tick`` for every pool held here (and past its grace period) that is idle."""
@@ -210,13 +214,18 @@ class Pipeline(BatchFlight):
                     continue
                 message = inp.Tick(event_id=f"tick/{pool}/{uuid4()}", occurred_at=self.clock())
                 try:
-                    await self._decide(runtime, message, None)
+                    await self.driver(pool).decide_now(runtime, [Item(-1, message, None)])
                 except StaleWriter as exc:
-                    self._stale(pool, exc)
+                    self.stale(pool, exc)
 
     def _in_flight(self, pool: str) -> bool:
-        tail = self._tails.get(pool)
-        return tail is not None and not tail.done.done()
+        driver = self.drivers.get(pool)
+        return driver is not None and driver.busy
+
+    def stale(self, pool: str, exc: StaleWriter) -> None:
+        self.stats.stale += 1
+        log.warning("pool %s: %s; dropping its state", pool, exc)
+        self.drop(pool)
 
     # ----- partitions ----------------------------------------------------------------------------
 
@@ -268,39 +277,13 @@ class Pipeline(BatchFlight):
                 " commits, a failover to an asynchronous replica, a restore); a restart reads the lost"
                 " inputs from Kafka again and reconciles with what the nodes report"
             )
-        runtime.inflight.extend(self._watch(deliveries))
+        runtime.inflight.extend(self.watch(deliveries))
         self.stats.republished += republished
         self.stats.loads += 1
         return runtime
 
-    # ----- deciding ----------------------------------------------------------------------------
-
-    async def _decide(
-        self, runtime: PoolRuntime, message: SchedulerInput, position: Position | None
-    ) -> Outcome:
-        pool = runtime.pool
-        try:
-            one = await decide_one(
-                self.appender, pool, runtime.seq, runtime.state, message, position, answers(pool, self.clock)
-            )
-        except DuplicateInput:
-            self.stats.duplicates += 1
-            return Outcome.DUPLICATE
-        if one.seq is None:
-            self.stats.quiet += 1
-            return Outcome.QUIET
-        runtime.seq = one.seq
-        self._recorded_to(pool, one.seq)
-        if position is not None:
-            runtime.positions[(position.topic, position.partition)] = position.next_offset
-        runtime.inflight.extend(self._watch(await one.effects.publish(self.publisher)))
-        self.stats.decided += 1
-        runtime.since_snapshot += 1
-        if self.snapshots.due(runtime, runtime.since_snapshot):
-            self.snapshots.save(runtime)
-        return Outcome.DECIDED
-
-    def _recorded_to(self, pool: str, seq: int) -> None:
+    def recorded_to(self, pool: str, seq: int) -> None:
+        """Note that ``pool``'s log was committed up to ``seq`` (a later load must not find less)."""
         self._recorded[pool] = max(seq, self._recorded.get(pool, 0))
 
     @property
@@ -313,7 +296,7 @@ class Pipeline(BatchFlight):
 
     # ----- publications and snapshots ----------------------------------------------------------
 
-    def _watch(self, deliveries: list[Awaitable[object]]) -> list[Awaitable[object]]:
+    def watch(self, deliveries: list[Awaitable[object]]) -> list[Awaitable[object]]:
         """Fail the pipeline as soon as a delivery fails (its exception is retrieved here)."""
         for delivery in deliveries:
             if isinstance(delivery, asyncio.Future):
@@ -351,16 +334,26 @@ class Pipeline(BatchFlight):
     async def flush(self) -> None:
         """Wait for every batch in flight, every publication handed out so far and every snapshot
         being saved."""
-        while pending := [tail.done for tail in self._tails.values() if not tail.done.done()]:
-            await asyncio.wait(pending)
+        for driver in list(self.drivers.values()):
+            await driver.flush()
         for runtime in list(self.runtimes.values()):
             await asyncio.gather(*runtime.inflight, return_exceptions=True)
         await self.snapshots.flush()
         self._check()
 
     async def close(self) -> None:
-        tails = [tail.done for tail in self._tails.values()]
-        for tail in tails:
-            tail.cancel()
-        await asyncio.gather(*tails, return_exceptions=True)
+        for driver in list(self.drivers.values()):
+            await driver.close()
         await self.snapshots.close()
+
+
+async def _gathered(
+    outcomes: list[Outcome], started: Sequence[tuple[list[Item], Awaitable[None]]]
+) -> list[Outcome]:
+    """The outcome of each record, once every pool's batch has settled."""
+    for items, settling in started:
+        await settling
+        for item in items:
+            assert item.outcome is not None, item
+            outcomes[item.index] = item.outcome
+    return outcomes

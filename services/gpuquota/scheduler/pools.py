@@ -1,14 +1,18 @@
-"""A pool's runtime in the distributed mode (state, sequence, positions), the pipeline's settings and
-its statistics. Its snapshots are ``scheduler.pacing.Snapshots``."""
+"""What a distributed scheduler worker keeps of each pool it holds: its runtime (the batch driver's live
+state, with its positions and snapshot bookkeeping), the records of a batch (``Item``) and their
+``Outcome``, the worker's settings and statistics. Its snapshots are ``scheduler.pacing.Snapshots``."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from gpuquota.core import ClusterState
+from gpuquota.adapters.event_store import Position, Snapshot
+from gpuquota.core import DEFAULT_POLICY, ClusterState
+from gpuquota.wire.inputs import SchedulerInput
 
 TopicPartition = tuple[str, int]
 
@@ -24,7 +28,7 @@ class PipelineSettings:
     snapshot_cpu_share: float = 0.02
     """At most this share of the time goes to dumping snapshots (``pacing.Snapshots.dump``);
     recovery stays bounded by ``pacing._MAX_DEFERRAL`` x ``snapshot_every`` inputs between snapshots."""
-    heartbeat_timeout_ms: int = 30_000
+    heartbeat_timeout_ms: int = DEFAULT_POLICY.heartbeat_timeout_ms
     tick_grace_seconds: float | None = None
     """Seconds after loading a pool before its first tick (default: the heartbeat timeout)."""
     store_retry_seconds: float = 300.0
@@ -38,8 +42,32 @@ class PipelineSettings:
     """The back-off between two tries, from the first to the longest."""
 
 
-@dataclass
+class Outcome(enum.Enum):
+    DECIDED = "decided"
+    QUIET = "quiet"
+    """Decided nothing (a tick or heartbeat without events): not recorded."""
+    DUPLICATE = "duplicate"
+    SKIPPED = "skipped"
+    """Below the pool's recorded position: decided before."""
+    DEAD_LETTER = "dead-letter"
+    NOT_OWNED = "not-owned"
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """A decoded record of a batch (the driver's item): its index in the batch, its input and its
+    position (None: a tick), and its outcome once it has one."""
+
+    index: int
+    message: SchedulerInput
+    position: Position | None
+    outcome: Outcome | None = None
+
+
+@dataclass(eq=False)
 class PoolRuntime:
+    """A pool's live state (``driver.Live``) with its recorded positions and snapshot bookkeeping."""
+
     pool: str
     state: ClusterState
     seq: int
@@ -52,6 +80,8 @@ class PoolRuntime:
     """Delivery awaitables of publications since the last snapshot."""
     snapshot_after: float = 0.0
     """No snapshot before this ``time.monotonic()`` (large states are paced: ``scheduler.pacing``)."""
+    dumped: list[Snapshot] = field(default_factory=list)
+    """Snapshots dumped at their exact sequence while stepping, saved once their batch has settled."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Two batches in flight (``Pipeline.start_batch``, ``scheduler.flight``): the next batch of a pool is
+"""Two batches in flight (``Pipeline.start_batch``, ``scheduler.driver``): the next batch of a pool is
 stepped while the one before is being appended; appends stay in log order, publications in decision
 order, and a batch whose state was dropped before it was recorded is decided again after the redo of
 the one before. The outcome must equal handling the records one at a time."""
