@@ -52,11 +52,8 @@ The measured submissions follow ``--warmup`` seconds (default 10) of the same lo
 are not counted (``warmup_seconds``): a broker compiles its hot paths under its first load, which one
 that has run for a while has done.
 
-``--overload F``: the same run twice, at ``--rate`` (1x: a rate the machine sustains) and at ``F`` times
-it, each on fresh servers, with the admission control given (``--max-backlog``, ``--max-backlog-
-seconds``; none: the backlog absorbs everything). Prints ``offered_per_s`` and ``decided_per_s``
-(``jobs_per_s``) of both, ``peak_per_s`` (the higher), ``ratio`` (the overloaded run's over the
-peak: the target is at least 0.95), ``refused`` of both, and each run's whole result (``runs``).
+``--overload F``: runs at the sustainable rate (``--rate auto``: found by the benchmark) and at ``F``
+times it, each on fresh servers, with the admission control given (``benchmarks.pipeline_overload``).
 
 ``--recovery EVENTS``: decides about ``EVENTS`` submissions into a pool's log through the scheduler's
 ``Pipeline`` (no Kafka; in batches of ``POPULATE_BATCH`` records, as the agent hands them over), then
@@ -91,6 +88,7 @@ from typing import Any
 
 from benchmarks.pipeline_drain import until_idle
 from benchmarks.pipeline_load import PoolSender, Watch, play_nodes_and_observe, started_producer, submit
+from benchmarks.pipeline_overload import overload
 from benchmarks.pipeline_workload import NODES, SLOTS_PER_NODE
 from benchmarks.pipeline_workload import setup_inputs as setup_inputs
 from benchmarks.pipeline_workload import submission as submission
@@ -335,24 +333,6 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[min(998, int(q * 1000) - 1)]
 
 
-async def overload(factor: float, rate: float, admission: Admission | None, **run: Any) -> dict[str, Any]:
-    """``throughput`` at ``rate`` and at ``factor`` times it: what the overload costs (module doc)."""
-    runs = []
-    for offered in (rate, rate * factor):
-        fresh = None if admission is None else Admission(admission.max_backlog, admission.max_seconds)
-        runs.append(await throughput(offered, admission=fresh, **run))
-    decided = [result["jobs_per_s"] for result in runs]
-    return {
-        "offered_per_s": [result["rate"] for result in runs],
-        "decided_per_s": decided,
-        "peak_per_s": max(decided),
-        "ratio": round(decided[-1] / max(max(decided), 1e-9), 3),
-        "refused": [result["refused"] for result in runs],
-        "lost_jobs": [result["lost_jobs"] for result in runs],
-        "runs": runs,
-    }
-
-
 # ----- recovery ----------------------------------------------------------------------------------
 
 
@@ -427,11 +407,17 @@ async def recovery(events: int, snapshot_every: int) -> dict[str, Any]:
 # ----- command line --------------------------------------------------------------------------------
 
 
+def _rate(text: str) -> float | None:
+    """``--rate``: jobs per second, or ``auto`` (None)."""
+    return None if text == "auto" else float(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.pipeline", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--rate", type=float, default=100.0, help="submissions per second (default 100)")
+    rate = "submissions per second (default 100); with --overload, auto: find the sustainable rate"
+    parser.add_argument("--rate", type=_rate, default=100.0, help=rate)
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to submit (default 10)")
     idle = "end after this long with no dispatch and no input decided"
     parser.add_argument("--drain", type=float, default=10.0, help=idle)
@@ -459,9 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.recovery is not None:
         result = asyncio.run(recovery(args.recovery, args.snapshot_every))
     elif args.overload is not None:
-        result = asyncio.run(overload(args.overload, args.rate, admission, **run))
+        result = asyncio.run(overload(throughput, args.overload, args.rate, admission, **run))
     else:
-        result = asyncio.run(throughput(args.rate, admission=admission, **run))
+        result = asyncio.run(throughput(args.rate or 100.0, admission=admission, **run))
     print_result(result, args.json)
     return 0
 

@@ -43,10 +43,10 @@ GPUQUOTA_NODE_LOGS_URL         node agents' log servers, ``http://{node_id}:8643
                                unset: ``gpuquota jobs logs`` is unavailable
 GPUQUOTA_PRODUCE_TIMEOUT       seconds the broker has to acknowledge a write before     gateway
                                the request is a 503 ``ServerException`` (default 5)
-GPUQUOTA_ADMISSION_MAX_BACKLOG undecided inputs at most before submissions get a 429    gateway
-                               ``TooManyRequestsException`` (default 5000; 0: none)
-GPUQUOTA_ADMISSION_MAX_SECONDS seconds the oldest undecided input may wait before       gateway
-                               submissions get a 429 (default 5; 0: no bound)
+GPUQUOTA_ADMISSION_MAX_BACKLOG undecided inputs at most before submissions get a 429    gateway, up
+                               ``TooManyRequestsException`` (default 2000; 0: none)
+GPUQUOTA_ADMISSION_MAX_SECONDS seconds the oldest undecided input may wait before       gateway, up
+                               submissions get a 429 (default 1; 0: no bound)
 GPUQUOTA_LOGS_PORT             serve this node's attempt logs over HTTP on this port    node-agent
                                (0 or unset: no log server)
 GPUQUOTA_LOGS_HOST             bind address of the log server (default 0.0.0.0)         node-agent
@@ -97,7 +97,7 @@ import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
@@ -199,6 +199,48 @@ class NodeSpec(BaseModel):
     gpus: Annotated[int, Field(ge=1, le=1024)]
 
 
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+def _from_env(cls: type[SettingsT], environ: Mapping[str, str]) -> SettingsT:
+    """``cls`` from its variables in ``environ``; ``SettingsError`` naming each bad or missing one."""
+    raw = {name: environ[env_var(name)] for name in cls.model_fields if env_var(name) in environ}
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        problems: dict[str, str] = {}
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            key = env_var(field) if field in cls.model_fields else cls.__name__
+            msg = "is required" if err["type"] == "missing" else err["msg"]
+            if field in raw and field not in _SECRET_FIELDS and err["type"] != "missing":
+                msg = f"{msg} (got {raw[field]!r})"
+            problems.setdefault(key, msg)
+        raise SettingsError(problems) from None
+
+
+class AdmissionSettings(BaseModel):
+    """The bounds of the gateway's admission control (``gateway.admission``, whose docstring says how
+    to choose them), read by ``gpuquota gateway`` and by ``gpuquota up`` in both its modes:
+    GPUQUOTA_ADMISSION_MAX_BACKLOG, GPUQUOTA_ADMISSION_MAX_SECONDS."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    admission_max_backlog: Annotated[int, Field(ge=0)] = 2000
+    """Undecided inputs at most before submissions get a 429 (``gateway.admission``; 0: no bound)."""
+    admission_max_seconds: Annotated[float, Field(ge=0)] = 1.0
+    """Wait of the oldest undecided input at most before submissions get a 429 (0: no bound)."""
+
+
+ADMISSION_DEFAULTS = AdmissionSettings()
+
+
+def admission_from_env(environ: Mapping[str, str]) -> AdmissionSettings:
+    """The admission bounds of ``environ`` (``gpuquota up``; ``gpuquota gateway`` reads them with the
+    rest of its ``GatewaySettings``); ``SettingsError`` naming a bad one."""
+    return _from_env(AdmissionSettings, environ)
+
+
 class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -231,19 +273,7 @@ class _Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         """Builds the settings from ``environ`` (e.g. ``os.environ``); ignores unrelated variables."""
-        raw = {name: environ[env_var(name)] for name in cls.model_fields if env_var(name) in environ}
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            problems: dict[str, str] = {}
-            for err in exc.errors():
-                field = str(err["loc"][0]) if err["loc"] else ""
-                key = env_var(field) if field in cls.model_fields else cls.__name__
-                msg = "is required" if err["type"] == "missing" else err["msg"]
-                if field in raw and field not in _SECRET_FIELDS and err["type"] != "missing":
-                    msg = f"{msg} (got {raw[field]!r})"
-                problems.setdefault(key, msg)
-            raise SettingsError(problems) from None
+        return _from_env(cls, environ)
 
     @field_validator("kafka")
     @classmethod
@@ -352,7 +382,7 @@ class _DatabaseSettings(_Settings):
         return value
 
 
-class GatewaySettings(_DatabaseSettings):
+class GatewaySettings(_DatabaseSettings, AdmissionSettings):
     """``gpuquota gateway``: HTTP API in front of the scheduler.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_DATABASE_URL, GPUQUOTA_HOST, GPUQUOTA_PORT, GPUQUOTA_POOL,
@@ -381,10 +411,6 @@ class GatewaySettings(_DatabaseSettings):
     allowed_origins: str = ""
     produce_timeout: Annotated[float, Field(gt=0, le=300)] = 5.0
     """Seconds the broker has to acknowledge an input before the request is a 503 (``kafka_port``)."""
-    admission_max_backlog: Annotated[int, Field(ge=0)] = 5000
-    """Undecided inputs at most before submissions get a 429 (``gateway.admission``; 0: no bound)."""
-    admission_max_seconds: Annotated[float, Field(ge=0)] = 5.0
-    """Wait of the oldest undecided input at most before submissions get a 429 (0: no bound)."""
 
     @field_validator("node_logs_url")
     @classmethod

@@ -117,6 +117,7 @@ class GatewayService:
             explainer=front.explainer,
             auth=self.auth,
             guard=front.guard,
+            admission=self.admission,
         )
         self.registry = gateway_registry(gateway, lambda: projector.state)
         install(gateway, self.registry, self.probes(), lambda: projector.state, self.broken)
@@ -251,6 +252,7 @@ class DistributedStack:
         leave_running: bool = False,
         data: DataPlane | None = None,
         s3_client: S3Client | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.topics = topics or KafkaTopics()
         self.lock = DirectoryLock(data_dir)
@@ -284,6 +286,7 @@ class DistributedStack:
             node_logs=local,
             browser=browser,
             kafka_security=kafka_security,
+            admission=admission or Admission(),
         )
         self.agents: list[NodeAgentService] = []
         if runtime is not None:

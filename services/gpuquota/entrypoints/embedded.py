@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -31,12 +32,14 @@ from gpuquota.config.settings import (
     KafkaClientSettings,
     KafkaSecurity,
     SettingsError,
+    admission_from_env,
     forget_secrets,
 )
 from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import LocalS3Error, S3Client, s3_client, s3_settings
 from gpuquota.gateway import EmbeddedCommandPort, Gateway
+from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import AUTH_KEYS_ENV, Keyring, add_auth_keys, load_auth
 from gpuquota.gateway.browser_guard import (
     ALLOWED_HOSTS_ENV,
@@ -113,7 +116,10 @@ class EmbeddedStack:
         leave_running: bool = False,
         data: DataPlane | None = None,
         s3_client: S3Client | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self.admission = admission or Admission()
+        """The gateway's admission control (``GPUQUOTA_ADMISSION_*``), as ``gpuquota gateway``'s."""
         self.data = data
         """The node agents' S3 (``--s3``; None: none)."""
         self.s3_client = s3_client
@@ -172,11 +178,12 @@ class EmbeddedStack:
         )
         gateway = self.gateway = Gateway(
             shell.read_model,
-            EmbeddedCommandPort(shell),
+            EmbeddedCommandPort(shell, self.admission),
             clock=shell.clock,
             explainer=front.explainer,
             auth=self.auth,
             guard=front.guard,
+            admission=self.admission,
         )
         if self.s3_client is not None:
             gateway.s3_endpoint, gateway.s3_client_key = self.s3_client.endpoint, self.s3_client.key
@@ -320,6 +327,11 @@ def run_up(args: argparse.Namespace) -> int:
     except (SettingsError, ValueError) as exc:
         print(f"gpuquota up: {exc}", file=sys.stderr)
         return 2
+    try:  # the gateway's admission bounds, as gpuquota gateway reads them
+        admission = Admission.of(admission_from_env(os.environ))
+    except SettingsError as exc:
+        print(f"gpuquota up: {exc}", file=sys.stderr)
+        return 2
     try:  # the node agents' S3 (--s3, GPUQUOTA_S3_*), before its secret is forgotten
         s3, local_s3 = s3_settings(args.s3, os.environ, Path(args.data_dir))
     except (SettingsError, LocalS3Error) as exc:
@@ -328,7 +340,8 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         client = s3_client(s3, local_s3)
         plane = data_plane(s3)
-        return _run_up(args, distributed, kafka, database_url, port, auth, browser, security, plane, client)
+        up = Serving(port, auth, browser, security, plane, client, admission)
+        return _run_up(args, distributed, kafka, database_url, up)
     finally:
         if local_s3 is not None:
             local_s3.stop()
@@ -344,38 +357,47 @@ def grace(args: argparse.Namespace) -> float:
     return seconds
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What ``gpuquota up`` read before anything starts, for either mode."""
+
+    port: int
+    auth: Keyring | None
+    browser: BrowserPolicy
+    security: KafkaSecurity
+    data: DataPlane
+    s3: S3Client | None
+    admission: Admission
+
+
 def _run_up(
     args: argparse.Namespace,
     distributed: tuple[str | None, ...],
     kafka: str | None,
     database_url: str | None,
-    port: int,
-    auth: Keyring | None,
-    browser: BrowserPolicy,
-    security: KafkaSecurity,
-    data: DataPlane,
-    s3: S3Client | None,
+    up: Serving,
 ) -> int:
     forget_secrets(os.environ)  # read: the jobs of the local agents do not inherit them
     if any(distributed):
         if not kafka or not database_url:
             print("gpuquota up: the distributed mode needs both --kafka and --database-url", file=sys.stderr)
             return 2
-        return _run_distributed(args, kafka, database_url, port, auth, browser, security, data, s3)
+        return _run_distributed(args, kafka, database_url, up)
     stack = EmbeddedStack(
         args.data_dir,
         args.host,
-        port,
+        up.port,
         args.nodes,
         args.runtime,
-        auth=auth,
+        auth=up.auth,
         container_engine=args.container_engine,
         image_map=os.environ.get(IMAGE_MAP_ENV, ""),
-        browser=browser,
+        browser=up.browser,
         leave_running=args.leave_running,
-        data=data,
-        s3_client=s3,
+        data=up.data,
+        s3_client=up.s3,
         preemption_grace=args.preemption_grace,
+        admission=up.admission,
     )
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -386,17 +408,7 @@ def _run_up(
     return 0
 
 
-def _run_distributed(
-    args: argparse.Namespace,
-    kafka: str,
-    database_url: str,
-    port: int,
-    auth: Keyring | None,
-    browser: BrowserPolicy,
-    security: KafkaSecurity,
-    data: DataPlane | None = None,
-    s3: S3Client | None = None,
-) -> int:
+def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, up: Serving) -> int:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import DistributedStack
     from gpuquota.entrypoints.serve import serve
@@ -409,19 +421,20 @@ def _run_distributed(
             kafka,
             database_url,
             host=args.host,
-            port=port,
+            port=up.port,
             nodes=node_slots(args.nodes),
             runtime=make_runtime(args.runtime, args.container_engine, os.environ.get(IMAGE_MAP_ENV, "")),
             data_dir=Path(args.data_dir).absolute(),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),
             pool=os.environ.get("GPUQUOTA_POOL", "default"),
-            auth=auth,
-            browser=browser,
-            kafka_security=security,
+            auth=up.auth,
+            browser=up.browser,
+            kafka_security=up.security,
             leave_running=args.leave_running,
-            data=data,
-            s3_client=s3,
+            data=up.data,
+            s3_client=up.s3,
             preemption_grace=args.preemption_grace,
+            admission=up.admission,
         )
         ready = lambda: f"gpuquota ready on {stack.url}"  # noqa: E731
         return await serve(stack.start, stack.stop, ready, stack.scheduler.wait())

@@ -132,7 +132,7 @@ def run_gateway(
             browser=browser,
             kafka_security=settings.kafka_security,
             produce_timeout=settings.produce_timeout,
-            admission=Admission(settings.admission_max_backlog, settings.admission_max_seconds),
+            admission=Admission.of(settings),
         )
         return await serve(service.start, service.stop, lambda: f"gpuquota gateway ready on {service.url}")
 

@@ -19,7 +19,10 @@ answers "does not exist"; a rejection by the core restores the previous view and
 ``ClientException`` carrying the core's reason.
 
 Errors: ``ClientException`` (HTTP 400) and ``ServerException`` (HTTP 500), with the header
-``x-amzn-ErrorType`` and the body ``{"message": ...}``, which botocore turns into ``ClientError``.
+``x-amzn-ErrorType`` and the body ``{"message": ...}``, which botocore turns into ``ClientError``. An
+operation that adds work (``admitted``: ``SubmitServiceJob``) first asks the admission control
+(``gpuquota.gateway.admission``), before authentication and before its body is read: while the
+scheduler is behind it is a 429 ``TooManyRequestsException`` that cost no parsing.
 
 ``POST /`` is AWS's query protocol for the two identity calls the SageMaker SDK makes, STS
 ``GetCallerIdentity`` and IAM ``GetRole`` (``gpuquota.gateway.identity``).
@@ -39,6 +42,7 @@ from aiohttp import web
 
 from gpuquota.gateway import environments, identity, jobs, policies, queues, shares, tags
 from gpuquota.gateway.access import authenticate, check_job, denied
+from gpuquota.gateway.admission import Admission
 from gpuquota.gateway.auth import Keyring, Principal
 from gpuquota.gateway.browser_guard import QUERY_PATH, BrowserGuard
 from gpuquota.gateway.context import Context, Operation
@@ -73,7 +77,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("DescribeQuotaShare", shares.describe),
     Operation("ListQuotaShares", shares.list_all),
     Operation("DeleteQuotaShare", shares.delete),
-    Operation("SubmitServiceJob", jobs.submit, guard=jobs.guard_submit, max_bytes=jobs.MAX_SUBMIT_BYTES),
+    Operation(
+        "SubmitServiceJob",
+        jobs.submit,
+        guard=jobs.guard_submit,
+        max_bytes=jobs.MAX_SUBMIT_BYTES,
+        admitted=True,
+    ),
     Operation("UpdateServiceJob", jobs.update, guard=jobs.guard_job),
     Operation("DescribeServiceJob", jobs.describe, guard=jobs.guard_job),
     Operation("ListServiceJobs", jobs.list_all, scoped=jobs.list_visible),
@@ -102,8 +112,12 @@ class Gateway(Context):
         explainer: Explainer | None = None,
         auth: Keyring | None = None,
         guard: BrowserGuard | None = None,
+        admission: Admission | None = None,
     ) -> None:
         super().__init__(read_model, port, clock, pool)
+        self.admission = admission
+        """The port's admission control, asked first by the operations that add work (``None``: the
+        port alone asks, after the request is parsed)."""
         self.explainer = explainer
         self.auth = auth
         self.guard = guard or BrowserGuard()  # the console reads its token
@@ -154,12 +168,16 @@ class Gateway(Context):
         return None if principal is None or principal.admin else principal
 
     async def _operation(self, request: web.Request) -> web.Response:
-        principal = await self.limited_principal(request)
         name = request.match_info["operation"].lower()
+        row = self.table.get(name)
+        if row is not None and row.admitted and self.admission is not None:
+            # before authentication and the body: refusing an overload must cost next to nothing
+            self.admission.check()
+        principal = await self.limited_principal(request)
         operation = self.operations.get(name)
         if operation is None or request.method != "POST":
             raise ClientException(f"Unknown operation {request.method} {request.path}")
-        row = self.table[name]
+        assert row is not None
         raw = await request.read()
         if row.max_bytes is not None and len(raw) > row.max_bytes:
             raise ClientException(f"{row.name} requests must be at most {row.max_bytes // 1024} KiB")

@@ -174,3 +174,6 @@ class Operation:
     """What a share-limited principal gets instead of ``handler`` (the jobs of its shares only)."""
     max_bytes: int | None = None
     """The largest request body it accepts (``None``: the gateway's general limit)."""
+    admitted: bool = False
+    """Refused (429) while the scheduler's backlog is over its bound, before the body is read
+    (``gateway.admission``): the operations that add work, ``SubmitServiceJob``."""
