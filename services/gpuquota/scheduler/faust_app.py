@@ -63,7 +63,7 @@ from gpuquota.adapters.partitioner import default_partition
 from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
 from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.observe.metrics import Timings
-from gpuquota.scheduler.faust_transport import Inbox, RawSchema, SchedulerApp
+from gpuquota.scheduler.faust_transport import Inbox, SchedulerApp
 from gpuquota.scheduler.loop import JobStateRecord, LoopFailed, RetryPolicy
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, PipelineSettings
 from gpuquota.scheduler.records import SourceRecord
@@ -133,7 +133,7 @@ class FaustPublisher:
     partition (another when one is full) and each is handed over with ``send_batch``: one delivery
     future per batch. The partition is the default partitioner's (murmur2 of the key, cached per key),
     so each key's records land where ``send`` would have put them, in the same order
-    (``adapters.partitioner``: the same hash as aiokafka's, faster).
+    (``adapters.partitioner``: aiokafka's own murmur2, cached per key).
     """
 
     def __init__(self, app: faust.App, topics: KafkaTopics) -> None:
@@ -273,7 +273,9 @@ class SchedulerService:
         )
         app.fetch_max_wait_ms = max(1, round(cfg.fetch_max_wait * 1000))
         app.fetch_min_bytes = max(1, cfg.fetch_min_bytes)
-        raw = RawSchema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        raw: faust.Schema[bytes, bytes] = faust.Schema(
+            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+        )
         inputs = app.topic(self.topics.inputs, schema=raw)
 
         @app.agent(inputs, concurrency=1, name=f"{self.topics.prefix}scheduler")

@@ -11,7 +11,6 @@ py-spy on the scheduler at 1,000-2,000 jobs/s:
   faust's per-record message, event, channel put, stream step and ack (getmany-style);
 * ``Inbox.batches``: the agent takes what arrived while it handled the previous batch, in one go;
   ``Inbox.ack`` acks a batch's offsets together;
-* ``RawSchema``: the topic's keys and values as bytes, without faust's codec registry.
 
 faust's public API cannot do these: it hard-codes the 1.5 s fetch wait (``AIOKafkaConsumerThread.
 _create_worker_consumer``) and offers batches only over its per-record delivery (``Stream.
@@ -36,8 +35,8 @@ from typing import Any, cast
 import faust
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP, AppT
-from faust.types.tuples import Message, ack_lock
+from faust.types import TP
+from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
 from gpuquota.scheduler.records import SourceRecord
@@ -290,14 +289,3 @@ class SchedulerApp(faust.App):
         transport = super()._new_transport()
         setattr(transport, "Consumer", _PromptConsumer)  # noqa: B010 (a ClassVar, set on this one)
         return transport
-
-
-class RawSchema(faust.Schema[bytes, bytes]):
-    """A topic's keys and values as the bytes (or None) the record holds: the ``raw`` codec, without
-    looking it up in faust's codec registry for every key and value."""
-
-    def loads_key(self, app: AppT, message: Message, *, loads: Any = None, serializer: Any = None) -> Any:
-        return message.key
-
-    def loads_value(self, app: AppT, message: Message, *, loads: Any = None, serializer: Any = None) -> Any:
-        return message.value
