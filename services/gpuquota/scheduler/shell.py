@@ -6,7 +6,8 @@ Theory of operation
 the shell runs the loop's ``decide_one``: the core ``decide``s, the input and its events are appended to
 the event store (the log is the truth: nothing acts on a decision before it is recorded), then each
 event is applied: its node commands are derived from the state *before* the event (``loop.Effects``) and
-the state ``evolve``s; the shell then folds the events into the read model. Node commands and job-state
+the state ``evolve``s; the shell then feeds the events to the read side's ``Projector``
+(``gpuquota.read.projection``, the gateway's read model in both modes). Node commands and job-state
 events are published through the loop's ``Publisher`` port: here the in-process ``LocalPublisher``
 (``scheduler.local_publisher``), an outbox drained by one delivery task, in decision order; delivering
 outside the lock lets a node agent's ``deliver`` feed reports back into ``handle`` without deadlock.
@@ -71,6 +72,7 @@ from gpuquota.adapters.event_store import DuplicateInput, EventStore, Record, St
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.core import ClusterState, evolve
 from gpuquota.read.model import ReadModel
+from gpuquota.read.projection import ProjectionFailed, Projector
 from gpuquota.scheduler import loop
 from gpuquota.scheduler.local_publisher import EventSubscriber, LocalPublisher, NodeCommandSink
 from gpuquota.support.clock import Clock, wall_clock_ms
@@ -108,7 +110,7 @@ class SchedulerShell:
     def __init__(
         self,
         store: EventStore,
-        read_model: ReadModel | None = None,
+        projector: Projector | None = None,
         *,
         pool: str = "default",
         tick_seconds: float = 1.0,
@@ -119,7 +121,7 @@ class SchedulerShell:
         on_append: loop.OnAppend | None = None,
     ) -> None:
         self.store = store
-        self.read_model = read_model or ReadModel()
+        self.projector = projector or Projector()
         self.pool = pool
         self.tick_seconds = tick_seconds
         self.clock = clock
@@ -144,6 +146,10 @@ class SchedulerShell:
         self._failing_since = 0.0
         self.on_step: Callable[[float], None] | None = None
         """Called with the seconds each batch took to decide, record and apply (metrics)."""
+
+    @property
+    def read_model(self) -> ReadModel:
+        return self.projector.read_model
 
     @property
     def node_command_sink(self) -> NodeCommandSink | None:
@@ -389,13 +395,10 @@ class SchedulerShell:
         self._stale = False
 
     def _project(self, events: Sequence[SchedulerEvent]) -> None:
-        """Fold ``events`` into the read model; a projection bug must not stop the scheduler."""
-        apply = self.read_model.apply
-        for event in events:
-            try:
-                apply(event)
-            except Exception:
-                log.exception("read model could not apply %s %s", event.type, event.event_id)
+        """Feed ``events`` to the read side; a projection bug must not stop the scheduler (the
+        projector keeps it: ``/health/live`` fails)."""
+        with contextlib.suppress(ProjectionFailed):
+            self.projector.project(events)
 
     def _project_record(self, record: Record) -> None:
         self._project(record.events)
@@ -441,7 +444,7 @@ class SchedulerShell:
         """Rebuild state and read model from the pool's log; return the number of records folded."""
         async with self._lock:
             self.state = ClusterState(self.heartbeat_timeout_ms)
-            self.read_model.reset()
+            self.projector.reset()
             _, folded = await fold_log(self.store, self.pool, self.state, after=self._project_record)
             self.seq = await self.store.last_seq(self.pool)
             return folded
