@@ -184,27 +184,26 @@ def job_summary(arns: ArnFactory, job: JobView) -> dict[str, Any]:
 
 
 def describe_job(arns: ArnFactory, job: JobView) -> dict[str, Any]:
-    spec = job.spec
     out = job_summary(arns, job)
     out["jobQueue"] = arns.queue(job.job_queue)
-    out["serviceRequestPayload"] = spec.payload
+    out["serviceRequestPayload"] = job.payload
     out["schedulingPriority"] = job.priority
-    retry: dict[str, Any] = {"attempts": spec.retry_attempts}
-    if spec.evaluate_on_exit:
+    retry: dict[str, Any] = {"attempts": job.retry_attempts}
+    if job.evaluate_on_exit:
         retry["evaluateOnExit"] = [
-            {"action": r.action, "onStatusReason": r.on_status_reason} for r in spec.evaluate_on_exit
+            {"action": r.action, "onStatusReason": r.on_status_reason} for r in job.evaluate_on_exit
         ]
     out["retryStrategy"] = retry
-    if spec.preemption_retries is not None:
-        out["preemptionConfiguration"] = {"preemptionRetriesBeforeTermination": spec.preemption_retries}
+    if job.preemption_retries is not None:
+        out["preemptionConfiguration"] = {"preemptionRetriesBeforeTermination": job.preemption_retries}
     if job.preempted_count:
         out["preemptionSummary"] = {
             "preemptedAttemptCount": job.preempted_count,
             "recentPreemptedAttempts": [attempt_dict(arns, job, a) for a in job.recent_preempted],
         }
     out["attempts"] = [attempt_dict(arns, job, a) for a in job.attempts]
-    if spec.attempt_duration_seconds is not None:
-        out["timeoutConfig"] = {"attemptDurationSeconds": spec.attempt_duration_seconds}
+    if job.attempt_duration_seconds is not None:
+        out["timeoutConfig"] = {"attemptDurationSeconds": job.attempt_duration_seconds}
     out["tags"] = dict(job.tags)
     return out
 

@@ -2,18 +2,18 @@
 
 Theory of operation
 -------------------
-The read model keeps every job for Describe and List, finished ones too (docs/semantics.md: a job is
-listed until it is deleted with its queue), so a long log's recovery is a per-job cost times the
-jobs it ever saw. A finished job cost 2.2 KB kept as the event's pydantic ``JobSpec`` (its field
-dictionary alone 464 bytes), lists per view, ``(ms, status)`` tuples and the attempt's ARN string;
-1,000,000 log events (333,400 finished jobs) took 806 MB of RSS to recover. Kept as below a job
-costs about 0.9 KB (``benchmarks.recovery``; docs/benchmarks.md gives the figures):
+The read model keeps every job it ever saw for Describe and List, finished ones too (gpuquota has no
+retention window: Describe of a finished job and ListServiceJobs with a terminal ``jobStatus`` answer
+from the whole log), so a long log's recovery costs a job's record times the jobs it ever saw. A
+finished job cost 2.2 KB kept as the event's pydantic ``JobSpec`` (its field dictionary alone 464
+bytes), lists per view, ``(ms, status)`` tuples and the attempt's ARN string; 1,000,000 log events
+(333,400 finished jobs) took 806 MB of RSS to recover. Kept as below a job costs about 1.1 KB, and that
+recovery 446 MB (``benchmarks.recovery``, docs/benchmarks.md):
 
-* the spec's fields in slots: the fields every List reads (``job_id``, ``job_name``, ``job_queue``,
-  ``quota_share``, ``unit``, ``count``, ``created_at``) by name, the others as one tuple, and
-  :attr:`JobView.spec` renders the ``JobSpec`` on demand (``model_construct``: the values were
-  validated when the event was decoded); the names every job repeats (queue, share, unit) are
-  interned, so they cost nothing per job;
+* the spec's fields in slots: those List and Describe read by name (``_NAMED``), the others as one
+  tuple, and :attr:`JobView.spec` renders the whole ``JobSpec`` on demand (``model_construct``: the
+  values were validated when the event was decoded; 15-40 µs, so no request path needs it); the
+  names every job repeats (queue, share, unit) are interned, so they cost nothing per job;
 * the status history as one ``array`` of (epoch ms, status index) pairs;
 * attempts, preemptions and outputs as tuples (the empty one is shared), no tags dictionary when
   the job has none, and no ARN kept per attempt (``ArnFactory.training_job`` renders it).
@@ -27,14 +27,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota.core.records import QueueKey, queue_order
-from gpuquota.wire.base import JobSpec, JobStatus
+from gpuquota.wire.base import ExitRule, JobSpec, JobStatus
 
 HISTORY = 64
 """How many status changes ``JobView.history`` keeps (the oldest are dropped)."""
 
 ShareKey = tuple[str, str]
 
-_NAMED = ("job_id", "job_name", "job_queue", "quota_share", "unit", "count", "created_at")
+_NAMED = (
+    *("job_id", "job_name", "job_queue", "quota_share", "unit", "count", "created_at"),
+    *("payload", "retry_attempts", "evaluate_on_exit", "preemption_retries", "attempt_duration_seconds"),
+)
+"""The spec's fields that List and Describe read, kept by name (the others are rendered with ``spec``)."""
 _OTHERS = tuple(name for name in JobSpec.model_fields if name not in _NAMED)
 _STATUSES: tuple[JobStatus, ...] = tuple(JobStatus)
 _STATUS_INDEX = {status: index for index, status in enumerate(_STATUSES)}
@@ -90,6 +94,11 @@ class JobView:
     unit: str
     count: int
     created_at: int
+    payload: str
+    retry_attempts: int
+    evaluate_on_exit: tuple[ExitRule, ...]
+    preemption_retries: int | None
+    attempt_duration_seconds: int | None
 
     def __init__(
         self,
@@ -137,6 +146,11 @@ class JobView:
             unit=self.unit,
             count=self.count,
             created_at=self.created_at,
+            payload=self.payload,
+            retry_attempts=self.retry_attempts,
+            evaluate_on_exit=self.evaluate_on_exit,
+            preemption_retries=self.preemption_retries,
+            attempt_duration_seconds=self.attempt_duration_seconds,
             **fields,
         )
 
@@ -149,6 +163,11 @@ class JobView:
         self.unit = sys.intern(spec.unit)
         self.count = spec.count
         self.created_at = spec.created_at
+        self.payload = spec.payload
+        self.retry_attempts = spec.retry_attempts
+        self.evaluate_on_exit = spec.evaluate_on_exit
+        self.preemption_retries = spec.preemption_retries
+        self.attempt_duration_seconds = spec.attempt_duration_seconds
         given = frozenset(spec.model_fields_set)
         values = [getattr(spec, name) for name in _OTHERS]
         values[_OTHERS.index("tags")] = spec.tags or None
