@@ -39,6 +39,8 @@ _NAMED = (
     *("payload", "retry_attempts", "evaluate_on_exit", "preemption_retries", "attempt_duration_seconds"),
 )
 """The spec's fields that List and Describe read, kept by name (the others are rendered with ``spec``)."""
+_INTERNED = frozenset({"job_queue", "quota_share", "unit"})
+"""Names every job of a share repeats: one string each, not one per job."""
 _OTHERS = tuple(name for name in JobSpec.model_fields if name not in _NAMED)
 _STATUSES: tuple[JobStatus, ...] = tuple(JobStatus)
 _STATUS_INDEX = {status: index for index, status in enumerate(_STATUSES)}
@@ -139,35 +141,15 @@ class JobView:
         fields["tags"] = dict(fields["tags"] or {})
         return JobSpec.model_construct(
             set(others[-1]),
-            job_id=self.job_id,
-            job_name=self.job_name,
-            job_queue=self.job_queue,
-            quota_share=self.quota_share,
-            unit=self.unit,
-            count=self.count,
-            created_at=self.created_at,
-            payload=self.payload,
-            retry_attempts=self.retry_attempts,
-            evaluate_on_exit=self.evaluate_on_exit,
-            preemption_retries=self.preemption_retries,
-            attempt_duration_seconds=self.attempt_duration_seconds,
+            **{name: getattr(self, name) for name in _NAMED},
             **fields,
         )
 
     @spec.setter
     def spec(self, spec: JobSpec) -> None:
-        self.job_id = spec.job_id
-        self.job_name = spec.job_name
-        self.job_queue = sys.intern(spec.job_queue)
-        self.quota_share = sys.intern(spec.quota_share)
-        self.unit = sys.intern(spec.unit)
-        self.count = spec.count
-        self.created_at = spec.created_at
-        self.payload = spec.payload
-        self.retry_attempts = spec.retry_attempts
-        self.evaluate_on_exit = spec.evaluate_on_exit
-        self.preemption_retries = spec.preemption_retries
-        self.attempt_duration_seconds = spec.attempt_duration_seconds
+        for name in _NAMED:
+            value = getattr(spec, name)
+            setattr(self, name, sys.intern(value) if name in _INTERNED else value)
         given = frozenset(spec.model_fields_set)
         values = [getattr(spec, name) for name in _OTHERS]
         values[_OTHERS.index("tags")] = spec.tags or None
