@@ -127,9 +127,9 @@ async def _read_model(kind: str, store: EventStore) -> tuple[ClusterState, int]:
         await shell.recover()
         return shell.state, len(shell.read_model.jobs)
     from gpuquota.gateway.log_tail import LogProjector
-    from gpuquota.read.model import ReadModel
+    from gpuquota.read.projection import Projector
 
-    projector = LogProjector(store, ReadModel(), POOL)
+    projector = LogProjector(store, Projector(), POOL)
     await projector.catch_up()
     return projector.state, len(projector.read_model.jobs)
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
-from tests.gateway.conftest import Stack
+from gpuquota.read.model import ReadModel
+from gpuquota.wire import events as ev
+from tests.gateway.conftest import Stack, wait_for
+from tests.gateway.helpers import submit, worked_example
 
 
 def call(stack: Stack, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, str], Any]:
@@ -26,6 +31,25 @@ def call(stack: Stack, method: str, path: str, body: bytes | None = None) -> tup
 def test_health(stack: Stack) -> None:
     status, _, body = call(stack, "GET", "/health")
     assert (status, body) == (200, {"status": "ok"})
+
+
+def test_live_is_503_once_the_read_model_cannot_apply_an_event(
+    stack: Stack, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A projection error fails liveness in both modes (``read.projection``): embedded at once, the
+    distributed gateway once its rebuild from the log meets the same error."""
+    worked_example(batch)
+    assert call(stack, "GET", "/health/live")[:3:2] == (200, {"status": "live"})
+
+    def projection_bug(_: ReadModel, event: ev.JobAccepted) -> None:
+        raise RuntimeError("a projection bug")
+
+    monkeypatch.setattr(ReadModel, "_on_JobAccepted", projection_bug)
+    with contextlib.suppress(ClientError):  # distributed: no decision comes back in time
+        submit(batch, "job", "QS1", 1)
+    wait_for(lambda: call(stack, "GET", "/health/live")[0] == 503, timeout=60)
+    reason = call(stack, "GET", "/health/live")[2]["reason"]
+    assert "could not apply JobAccepted" in reason and "a projection bug" in reason, reason
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gpuquota.observe.metrics import METRICS
-from gpuquota.read.model import JobView
+from gpuquota.read.jobs import JobView
 from gpuquota.read.tally import EventTally, failure_class
 from gpuquota.wire import events as ev
 from tests.builders import job

@@ -9,6 +9,7 @@ from gpuquota.adapters.event_store import InMemoryEventStore, Record, TransientS
 from gpuquota.core import decide, evolve, fingerprint, replay
 from gpuquota.gateway.log_tail import LogProjector
 from gpuquota.read.model import ReadModel
+from gpuquota.read.projection import Projector
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from tests.builders import Harness, job
@@ -40,7 +41,7 @@ async def test_a_log_that_lost_its_end_and_went_on_differently_is_folded_again()
     keep = await store.last_seq(POOL)
     h.running("a").succeed("a")
     await record_all(store, h)
-    projector = LogProjector(store, ReadModel(), POOL)
+    projector = LogProjector(store, Projector(), POOL)
     await projector.catch_up()
     assert statuses(projector.read_model)["a"] == "SUCCEEDED"
     live = projector.read_model
@@ -72,7 +73,7 @@ async def test_a_record_that_cannot_be_applied_even_from_the_start_fails_livenes
     h.submit(job("a").share("QS1"))
     store = InMemoryEventStore()
     await record_all(store, h)
-    projector = LogProjector(store, ReadModel(), POOL)
+    projector = LogProjector(store, Projector(), POOL)
     await projector.catch_up()
     bad = ev.JobSucceeded(event_id="e-bad", occurred_at=h.now + 1, job_id="nobody", attempt_id="nobody#1")
     message = inp.Tick(event_id="tick-bad", occurred_at=h.now + 1)
@@ -101,7 +102,7 @@ async def test_a_log_cut_short_is_folded_again_once_the_store_answers() -> None:
     keep = await store.last_seq(POOL)
     h.running("a").succeed("a")
     await record_all(store, h)
-    projector = LogProjector(store, ReadModel(), POOL)
+    projector = LogProjector(store, Projector(), POOL)
     await projector.catch_up()
 
     cut(store, keep)  # nothing written after the cut yet: the projection is ahead of the log

@@ -39,6 +39,7 @@ from gpuquota.node_agent.logs import LogServer
 from gpuquota.node_agent.s3_stage import DataPlane
 from gpuquota.observe.health import Probe, broker_probe, lag_probe, store_probe
 from gpuquota.read.model import ReadModel
+from gpuquota.read.projection import Projector
 from gpuquota.scheduler.faust_app import SchedulerConfig, SchedulerService, connect_store
 from gpuquota.support.arns import ArnFactory
 from gpuquota.support.clock import wall_clock_ms
@@ -90,7 +91,7 @@ class GatewayService:
         await ensure_topics(self.kafka, self.topics, security=self.kafka_security)
         if self.store is None:
             self.store = await connect_store(self.database_url, retry_seconds=60.0)
-        projector = self.projector = LogProjector(self.store, self.read_model, self.pool)
+        projector = self.projector = LogProjector(self.store, Projector(self.read_model), self.pool)
         folded = await projector.catch_up()
         log.info("gateway: read model folded %d log records of pool %s", folded, self.pool)
         self._tail = asyncio.create_task(projector.run(), name="gateway-log-tail")

@@ -58,6 +58,7 @@ from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
 from gpuquota.observe.startup import drain, run_loop, warn_unknown_variables
 from gpuquota.read.model import ReadModel
+from gpuquota.read.projection import Projector
 from gpuquota.scheduler.loop import GC_THRESHOLDS
 from gpuquota.scheduler.shell import SchedulerShell
 from gpuquota.support.arns import ArnFactory
@@ -162,7 +163,7 @@ class EmbeddedStack:
         self.store = await open_store(self.data_dir)
         shell = self.shell = SchedulerShell(
             self.store,
-            ReadModel(self.arns),
+            Projector(ReadModel(self.arns)),
             tick_seconds=self.tick_seconds,
             heartbeat_timeout_ms=SchedulingPolicy(
                 heartbeat_seconds=self.heartbeat_seconds
@@ -189,8 +190,8 @@ class EmbeddedStack:
             gateway.s3_endpoint, gateway.s3_client_key = self.s3_client.endpoint, self.s3_client.key
         self.registry = gateway_registry(gateway, lambda: shell.state, timings)
         probes = {"eventLog": store_probe(lambda: self.store, shell.pool, lambda: shell.write_failure)}
-        # The shell logs a projection error and decides on; liveness makes it visible (503).
-        install(gateway, self.registry, probes, lambda: shell.state, lambda: shell.read_model.failure)
+        # The shell decides on after a projection error: liveness makes it visible (503).
+        install(gateway, self.registry, probes, lambda: shell.state, lambda: shell.projector.failure)
         work_root = (self.data_dir or Path(".gpuquota").absolute()) / "nodes"
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
         NodeRoutes(gateway, local).install()

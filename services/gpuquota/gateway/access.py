@@ -43,5 +43,5 @@ def check_job(gw: Context, principal: Principal, action: str, ref: str) -> None:
         job = gw.job(ref)
     except ClientException:
         return
-    if not principal.owns(job.spec.job_queue, job.spec.quota_share):
-        raise denied(principal, f"{action} on {gw.arns.job(job.spec.job_id)}")
+    if not principal.owns(job.job_queue, job.quota_share):
+        raise denied(principal, f"{action} on {gw.arns.job(job.job_id)}")

@@ -19,7 +19,8 @@ from gpuquota.gateway.edge import validation_message
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params
 from gpuquota.gateway.ports import CommandPort, CommandRejected
-from gpuquota.read.model import JobView, ReadModel, ResourceView
+from gpuquota.read.jobs import JobView
+from gpuquota.read.model import ReadModel, ResourceView
 from gpuquota.support.arns import ArnFactory
 from gpuquota.support.clock import Clock
 from gpuquota.support.ids import uuid7

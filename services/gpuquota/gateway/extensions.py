@@ -27,18 +27,17 @@ def share_table_of(gw: Context, queue_ref: str | None) -> dict[str, Any]:
 
 def explain(gw: Context, explainer: Explainer | None, ref: str) -> dict[str, Any]:
     job = gw.job(ref)
-    spec = job.spec
     out: dict[str, Any] = {
         **job_brief(job),
-        "demand": {"capacityUnit": spec.unit, "quantity": spec.count},
+        "demand": {"capacityUnit": job.unit, "quantity": job.count},
         "preemptedAttemptCount": job.preempted_count,
         "explanation": None,
         "lastPreemption": job.preemptions[0] if job.preemptions else None,
         "preemptions": list(job.preemptions),
         "history": [{"at": at, "status": status} for at, status in job.history],
-        "outputs": job.attempts[-1].outputs if job.attempts else [],
+        "outputs": list(job.attempts[-1].outputs) if job.attempts else [],
     }
-    found = None if explainer is None or job.terminal else explainer(spec.job_id)
+    found = None if explainer is None or job.terminal else explainer(job.job_id)
     if found is not None:
         head = None if found.share_head is None else gw.rm.jobs.get(found.share_head)
         out["explanation"] = {
@@ -47,7 +46,7 @@ def explain(gw: Context, explainer: Explainer | None, ref: str) -> dict[str, Any
             "action": found.action,
             "position": found.position,
             "shareHead": found.share_head,
-            "shareHeadName": None if head is None else head.spec.job_name,
+            "shareHeadName": None if head is None else head.job_name,
             "figures": {camel(k): v for k, v in found.figures.items()},
             "startEstimate": found.estimate,
             "until": found.until,

@@ -17,7 +17,7 @@ from gpuquota.gateway.edge import parse_json, token_job_id
 from gpuquota.gateway.errors import ApiError, ClientException
 from gpuquota.gateway.params import Params, paginate, with_token
 from gpuquota.gateway.render import describe_job, job_summary
-from gpuquota.read.model import JobView
+from gpuquota.read.jobs import JobView
 from gpuquota.support.ids import uuid4
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import ExitRule, JobSpec
@@ -150,9 +150,9 @@ async def submit(gw: Context, p: Params) -> dict[str, Any]:
 
 def job_ref(gw: Context, job: JobView) -> dict[str, Any]:
     return {
-        "jobArn": gw.arns.job(job.spec.job_id),
-        "jobName": job.spec.job_name,
-        "jobId": job.spec.job_id,
+        "jobArn": gw.arns.job(job.job_id),
+        "jobName": job.job_name,
+        "jobId": job.job_id,
     }
 
 
@@ -161,8 +161,8 @@ async def update(gw: Context, p: Params) -> dict[str, Any]:
     priority = p.ranged("schedulingPriority", JobSpec, "priority", required=True)
     assert priority is not None
     if job.terminal:
-        raise ClientException(f"Service job {job.spec.job_id} is {job.status.value}: it cannot be updated")
-    await gw.send(gw.make(inp.UpdateJobPriority, job_id=job.spec.job_id, priority=priority))
+        raise ClientException(f"Service job {job.job_id} is {job.status.value}: it cannot be updated")
+    await gw.send(gw.make(inp.UpdateJobPriority, job_id=job.job_id, priority=priority))
     return job_ref(gw, job)
 
 
@@ -185,8 +185,8 @@ def list_visible(gw: Context, p: Params, visible: Principal | None = None) -> di
     jobs = [
         j
         for j in gw.rm.jobs.values()
-        if (queue is None or j.spec.job_queue == queue)
-        and (visible is None or visible.owns(j.spec.job_queue, j.spec.quota_share))
+        if (queue is None or j.job_queue == queue)
+        and (visible is None or visible.owns(j.job_queue, j.quota_share))
     ]
     if filters:
         name = filters[0].req_enum("name", FILTERS)
@@ -199,7 +199,7 @@ def list_visible(gw: Context, p: Params, visible: Principal | None = None) -> di
     else:
         wanted = status or "RUNNING"
         jobs = [j for j in jobs if j.status.value == wanted]
-    jobs.sort(key=lambda j: (-j.spec.created_at, j.spec.job_id))
+    jobs.sort(key=lambda j: (-j.created_at, j.job_id))
     page, token = paginate(jobs, p)
     return with_token({"jobSummaryList": [job_summary(gw.arns, j) for j in page]}, token)
 
@@ -211,7 +211,7 @@ async def _terminate(gw: Context, ref: str, reason: str, unknown_ok: bool = Fals
     job = gw.job(ref)
     if job.terminal:
         return
-    await gw.send(gw.make(inp.TerminateJob, job_id=job.spec.job_id, reason=reason))
+    await gw.send(gw.make(inp.TerminateJob, job_id=job.job_id, reason=reason))
 
 
 async def terminate(gw: Context, p: Params) -> dict[str, Any]:
@@ -237,7 +237,7 @@ async def terminate_many(gw: Context, p: Params) -> dict[str, Any]:
 
 def _matches(job: JobView, name: str, values: list[str]) -> bool:
     if name == "JOB_NAME":
-        job_name = job.spec.job_name.lower()
+        job_name = job.job_name.lower()
         return any(
             job_name.startswith(v[:-1].lower()) if v.endswith("*") else job_name == v.lower() for v in values
         )
@@ -246,9 +246,9 @@ def _matches(job: JobView, name: str, values: list[str]) -> bool:
             at = int(values[0])
         except ValueError:
             raise ClientException(f"The {name} filter needs a time in epoch milliseconds") from None
-        return job.spec.created_at < at if name == "BEFORE_CREATED_AT" else job.spec.created_at > at
+        return job.created_at < at if name == "BEFORE_CREATED_AT" else job.created_at > at
     if name == "QUOTA_SHARE_NAME":
-        return job.spec.quota_share in values
+        return job.quota_share in values
     return False  # SHARE_IDENTIFIER: quota-share jobs have none
 
 

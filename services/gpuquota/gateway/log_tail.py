@@ -5,8 +5,9 @@ Theory of operation
 The read model must see *every* decided event, not only the job events of ``gpuquota.job-state``
 (see ``gateway.kafka_port``), and the complete, ordered, durable record of them is the scheduler's
 log. ``LogProjector`` tails it (``EventStore.read(pool, after_seq)``, polled every ``poll_seconds``)
-and folds each record's events into the ``ReadModel`` and the core's ``ClusterState`` (for ``explain``)
-with ``fold_log``, as the embedded shell does. The log's sequence has no gaps and is committed in order (one
+and folds each record's events into the core's ``ClusterState`` (for ``explain``) with ``fold_log`` and
+through the read side's ``Projector`` (``gpuquota.read.projection``, the one the embedded shell feeds
+in-process) into the ``ReadModel``. The log's sequence has no gaps and is committed in order (one
 writer per pool, each append requires the previous sequence), so tailing by sequence never skips a
 record; a restarted gateway folds the log from the start.
 
@@ -17,13 +18,13 @@ decides again from the shorter log, writes different records at the same sequenc
 apply records to a state that never saw their predecessors (the issue #30 gateway stopped for good on
 ``IllegalTransition('JobRequeued ... in status NEW')``). So each poll reads from the last folded
 record on and checks that the log still holds it, the same input with the same event ids
-(``_identity``); a record that cannot be applied (an ``IllegalTransition``, a projection bug) counts
-the same. Either way the projector **rebuilds**: it folds the whole log from the start into a fresh
-``ReadModel`` and ``ClusterState`` and swaps them in (the read model in place, ``ReadModel.adopt``, so
-every holder sees the new one). An unreachable store only delays all this (the next poll tries
-again). If the rebuild itself cannot apply the log, ``failure`` says why and the gateway fails its
-liveness (``/health/live`` 503, ``GatewayService.broken``): a restart, or a fix, is the remedy left,
-never a read model that silently stops.
+(``_identity``); a record that cannot be applied (an ``IllegalTransition``, a projection bug:
+``ProjectionFailed``) counts the same. Either way the tail **rebuilds**: it folds the whole log from
+the start into a fresh ``Projector`` and ``ClusterState`` and swaps them in (the read model in place,
+``Projector.adopt``, so every holder sees the new one). An unreachable store only delays all this
+(the next poll tries again). If the rebuild itself cannot apply the log, ``failure`` says why and the
+gateway fails its liveness (``/health/live`` 503, ``GatewayService.broken``): a restart, or a fix, is
+the remedy left, never a read model that silently stops.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gpuquota.adapters.event_store import EventStore, Record, TransientStoreErro
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.core import ClusterState
 from gpuquota.read.model import ReadModel
+from gpuquota.read.projection import Projector
 from gpuquota.wire.events import SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,10 @@ class LogProjector:
     """Folds a pool's log from the event store into a ``ReadModel``; see the module docstring."""
 
     def __init__(
-        self, store: EventStore, read_model: ReadModel, pool: str, *, poll_seconds: float = 0.02
+        self, store: EventStore, projector: Projector, pool: str, *, poll_seconds: float = 0.02
     ) -> None:
         self.store = store
-        self.read_model = read_model
+        self.projector = projector
         self.pool = pool
         self.poll_seconds = poll_seconds
         self.seq = 0
@@ -74,6 +76,10 @@ class LogProjector:
         self.rebuilds = 0
         self.failure: str | None = None
         """Why the projection is broken for good (None: it is fine): the gateway's liveness."""
+
+    @property
+    def read_model(self) -> ReadModel:
+        return self.projector.read_model
 
     def expect(self, input_id: str) -> asyncio.Future[Decision]:
         """A future for the events of input ``input_id``, resolved when its record is folded."""
@@ -107,17 +113,16 @@ class LogProjector:
             if not held or held[0].seq != self.seq or _identity(held[0]) != self._last:
                 raise LogRewritten(f"the log no longer holds the record folded at sequence {self.seq}")
         _, folded = await fold_log(
-            self.store, self.pool, self.state, self.seq, after=self._projector(self.read_model), page=_PAGE
+            self.store, self.pool, self.state, self.seq, after=self._folded(self.projector), page=_PAGE
         )
         return folded
 
-    def _projector(self, read_model: ReadModel) -> Callable[[Record], None]:
+    def _folded(self, projector: Projector) -> Callable[[Record], None]:
         """``fold_log``'s hook: project a folded record and answer its waiter; the position moves
         record by record."""
 
         def folded(record: Record) -> None:
-            for event in record.events:
-                read_model.apply(event)
+            projector.project(record.events)
             self.seq, self._last = record.seq, _identity(record)
             waiter = self._waiters.pop(record.input.event_id, None)
             if waiter is not None and not waiter.done():
@@ -129,10 +134,10 @@ class LogProjector:
         """Fold the whole log into fresh projections and swap them in; how many records that was.
         ``TransientStoreError`` is raised (the next poll starts over); any other failure sets
         ``failure`` (liveness) and returns 0."""
-        state, read_model = ClusterState(), ReadModel(self.read_model.arns)
+        state, fresh = ClusterState(), Projector(ReadModel(self.read_model.arns))
         self.seq, self._last = 0, None
         try:
-            _, folded = await fold_log(self.store, self.pool, state, 0, after=self._projector(read_model))
+            _, folded = await fold_log(self.store, self.pool, state, 0, after=self._folded(fresh))
         except TransientStoreError:
             raise
         except Exception as exc:
@@ -140,7 +145,7 @@ class LogProjector:
             log.critical("read model of pool %s: %s", self.pool, self.failure, exc_info=exc)
             return 0
         self.state = state
-        self.read_model.adopt(read_model)
+        self.projector.adopt(fresh)
         self.rebuilds += 1
         self._stale = None
         log.warning("read model of pool %s rebuilt from %d log records", self.pool, folded)

@@ -127,7 +127,7 @@ class NodeRoutes:
     def _active(self) -> Iterator[ActiveAttempt]:
         for job in self.gateway.rm.jobs.values():
             if job.status in ACTIVE and job.current is not None:
-                yield job.spec.job_id, job.spec.job_name, job.status, job.current.attempt_id
+                yield job.job_id, job.job_name, job.status, job.current.attempt_id
 
     def nodes(self) -> dict[str, Any]:
         rows = self.gateway.rm.nodes.describe(self._active(), self.gateway.clock())
@@ -175,16 +175,14 @@ class NodeRoutes:
         job = self.gateway.job(ref)
         number = _integer("attempt", attempt, low=1) if attempt else len(job.attempts)
         start = _integer("offset", offset, low=0) if offset else 0
-        out: dict[str, Any] = {"jobId": job.spec.job_id, "status": job.status.value, "offset": start}
+        out: dict[str, Any] = {"jobId": job.job_id, "status": job.status.value, "offset": start}
         if number == 0:
             if job.terminal:
-                raise ClientException(
-                    f"Service job {job.spec.job_id} ended ({job.status.value}) before it ran"
-                )
+                raise ClientException(f"Service job {job.job_id} ended ({job.status.value}) before it ran")
             return {**out, "attempt": None, "nextOffset": start, "text": "", "complete": False}
         if number > len(job.attempts):
             raise ClientException(
-                f"Service job {job.spec.job_id} has {len(job.attempts)} attempt(s), not {number}"
+                f"Service job {job.job_id} has {len(job.attempts)} attempt(s), not {number}"
             )
         view = job.attempts[number - 1]
         nodes = self.gateway.rm.nodes.nodes_of(view.attempt_id)

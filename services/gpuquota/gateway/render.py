@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel as camel
 
-from gpuquota.read.model import AttemptView, JobView, ReadModel, ResourceView, RunnableKey
+from gpuquota.read.jobs import AttemptView, JobView
+from gpuquota.read.model import ReadModel, ResourceView, RunnableKey
 from gpuquota.read.shares import share_usage
 from gpuquota.support.arns import ArnFactory
 from gpuquota.wire.base import (
@@ -26,15 +27,21 @@ from gpuquota.wire.base import (
 __all__ = ["camel"]
 
 
-def attempt_dict(attempt: AttemptView) -> dict[str, Any]:
-    out: dict[str, Any] = {"serviceResourceId": {"name": "TrainingJobArn", "value": attempt.arn}}
+def _training_job(arns: ArnFactory, job: JobView, attempt: AttemptView) -> dict[str, Any]:
+    return {"name": "TrainingJobArn", "value": arns.training_job(job.job_name, attempt.attempt_id)}
+
+
+def attempt_dict(arns: ArnFactory, job: JobView, attempt: AttemptView) -> dict[str, Any]:
+    out: dict[str, Any] = {"serviceResourceId": _training_job(arns, job, attempt)}
     out["startedAt"] = attempt.started_at if attempt.started_at is not None else attempt.scheduled_at
     if attempt.stopped_at is not None:
         out["stoppedAt"] = attempt.stopped_at
     if attempt.status_reason:
         out["statusReason"] = attempt.status_reason
     if attempt.outputs:
-        out["gpuquotaOutputs"] = attempt.outputs  # gpuquota's key: where /opt/ml/model and output are (I6)
+        out["gpuquotaOutputs"] = list(
+            attempt.outputs
+        )  # gpuquota's key: where /opt/ml/model and output are (I6)
     if attempt.checkpoint_at is not None:
         out["gpuquotaCheckpointAt"] = attempt.checkpoint_at  # gpuquota's key: its last checkpoint (S12)
     if attempt.lost_work is not None:
@@ -44,12 +51,11 @@ def attempt_dict(attempt: AttemptView) -> dict[str, Any]:
 
 def job_brief(job: JobView) -> dict[str, Any]:
     """Who a job is and where it stands (``gpuquota explain`` and the console's job rows)."""
-    spec = job.spec
     return {
-        "jobId": spec.job_id,
-        "jobName": spec.job_name,
-        "jobQueue": spec.job_queue,
-        "quotaShareName": spec.quota_share,
+        "jobId": job.job_id,
+        "jobName": job.job_name,
+        "jobQueue": job.job_queue,
+        "quotaShareName": job.quota_share,
         "status": job.status.value,
         "statusReason": job.status_reason,
         "schedulingPriority": job.priority,
@@ -140,26 +146,25 @@ def describe_share(
     return out
 
 
-def _latest_attempt(job: JobView) -> dict[str, Any] | None:
+def _latest_attempt(arns: ArnFactory, job: JobView) -> dict[str, Any] | None:
     if not job.attempts:
         return None
-    return {"serviceResourceId": {"name": "TrainingJobArn", "value": job.attempts[-1].arn}}
+    return {"serviceResourceId": _training_job(arns, job, job.attempts[-1])}
 
 
 def _capacity_usage(job: JobView) -> list[dict[str, Any]]:
-    return [{"capacityUnit": job.spec.unit, "quantity": float(job.spec.count)}]
+    return [{"capacityUnit": job.unit, "quantity": float(job.count)}]
 
 
 def job_summary(arns: ArnFactory, job: JobView) -> dict[str, Any]:
-    spec = job.spec
     out: dict[str, Any] = {
-        "jobId": spec.job_id,
-        "jobArn": arns.job(spec.job_id),
-        "jobName": spec.job_name,
+        "jobId": job.job_id,
+        "jobArn": arns.job(job.job_id),
+        "jobName": job.job_name,
         "serviceJobType": "SAGEMAKER_TRAINING",
         "status": job.status.value,
-        "createdAt": spec.created_at,
-        "quotaShareName": spec.quota_share,
+        "createdAt": job.created_at,
+        "quotaShareName": job.quota_share,
         "capacityUsage": _capacity_usage(job),
         "isTerminated": job.is_terminated,
     }
@@ -173,33 +178,32 @@ def job_summary(arns: ArnFactory, job: JobView) -> dict[str, Any]:
     ):
         if value is not None:
             out[key] = value
-    if (latest := _latest_attempt(job)) is not None:
+    if (latest := _latest_attempt(arns, job)) is not None:
         out["latestAttempt"] = latest
     return out
 
 
 def describe_job(arns: ArnFactory, job: JobView) -> dict[str, Any]:
-    spec = job.spec
     out = job_summary(arns, job)
-    out["jobQueue"] = arns.queue(spec.job_queue)
-    out["serviceRequestPayload"] = spec.payload
+    out["jobQueue"] = arns.queue(job.job_queue)
+    out["serviceRequestPayload"] = job.payload
     out["schedulingPriority"] = job.priority
-    retry: dict[str, Any] = {"attempts": spec.retry_attempts}
-    if spec.evaluate_on_exit:
+    retry: dict[str, Any] = {"attempts": job.retry_attempts}
+    if job.evaluate_on_exit:
         retry["evaluateOnExit"] = [
-            {"action": r.action, "onStatusReason": r.on_status_reason} for r in spec.evaluate_on_exit
+            {"action": r.action, "onStatusReason": r.on_status_reason} for r in job.evaluate_on_exit
         ]
     out["retryStrategy"] = retry
-    if spec.preemption_retries is not None:
-        out["preemptionConfiguration"] = {"preemptionRetriesBeforeTermination": spec.preemption_retries}
+    if job.preemption_retries is not None:
+        out["preemptionConfiguration"] = {"preemptionRetriesBeforeTermination": job.preemption_retries}
     if job.preempted_count:
         out["preemptionSummary"] = {
             "preemptedAttemptCount": job.preempted_count,
-            "recentPreemptedAttempts": [attempt_dict(a) for a in job.recent_preempted],
+            "recentPreemptedAttempts": [attempt_dict(arns, job, a) for a in job.recent_preempted],
         }
-    out["attempts"] = [attempt_dict(a) for a in job.attempts]
-    if spec.attempt_duration_seconds is not None:
-        out["timeoutConfig"] = {"attemptDurationSeconds": spec.attempt_duration_seconds}
+    out["attempts"] = [attempt_dict(arns, job, a) for a in job.attempts]
+    if job.attempt_duration_seconds is not None:
+        out["timeoutConfig"] = {"attemptDurationSeconds": job.attempt_duration_seconds}
     out["tags"] = dict(job.tags)
     return out
 
@@ -215,7 +219,7 @@ def snapshot(rm: ReadModel, queue: str, now: int) -> dict[str, Any]:
             head = rm.jobs[keys[0][2]]
             fronts[name] = [
                 {
-                    "jobArn": rm.arns.job(head.spec.job_id),
+                    "jobArn": rm.arns.job(head.job_id),
                     "earliestTimeAtPosition": rm.time_at_position(head),
                 }
             ]

@@ -16,7 +16,8 @@ from gpuquota.gateway.environments import pool_of
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.params import Params, check_tags
 from gpuquota.gateway.policies import policy_with_extensions
-from gpuquota.read.model import JobView, ResourceView
+from gpuquota.read.jobs import JobView
+from gpuquota.read.model import ResourceView
 from gpuquota.wire import inputs as inp
 
 Target = JobView | ResourceView[Any]
@@ -42,7 +43,7 @@ async def _retag(gw: Context, arn: str, change: Callable[[dict[str, str]], dict[
     kind, target = _tagged(gw, arn)
     if isinstance(target, JobView):
         target.tags = check_tags(change(dict(target.tags)))
-        return await gw.send(gw.make(inp.TagJob, job_id=target.spec.job_id, tags=target.tags))
+        return await gw.send(gw.make(inp.TagJob, job_id=target.job_id, tags=target.tags))
     spec = target.spec.model_copy(update={"tags": check_tags(change(dict(target.spec.tags)))})
     if kind == "scheduling-policy":
         await gw.update(gw.rm.policies, spec.name, policy_with_extensions(spec), inp.UpdateSchedulingPolicy)

@@ -176,7 +176,7 @@ class ShareCollector(Collector):
             limits: dict[str, int] = row["limits"]
             usage: dict[str, int] = row["usage"]
             queued: Counter[str] = Counter(
-                rm.jobs[key[2]].spec.unit for key in rm.runnable.get((queue, share), ()) if key[2] in rm.jobs
+                rm.jobs[key[2]].unit for key in rm.runnable.get((queue, share), ()) if key[2] in rm.jobs
             )
             record = None if state is None else state.shares.get((queue, share))
             for unit in sorted({*limits, *usage, *queued}):

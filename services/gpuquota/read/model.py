@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 ``ReadModel.apply(event)`` folds one decided event into AWS-shaped views of scheduling policies,
 service environments, job queues, quota shares and service jobs. Folding the log from an empty read
-model rebuilds it exactly, so the scheduler shell feeds it while deciding and again on recovery.
+model rebuilds it exactly; ``gpuquota.read.projection.Projector`` feeds it, in both modes. Each job
+is kept compact (``gpuquota.read.jobs``): the read model keeps every job it ever saw.
 
 Besides the projection, the gateway records *pending* states when it sends a command (a share it is
 creating is ``CREATING``, a job it submitted is ``SUBMITTED``), so a Describe right after a write never
@@ -18,13 +19,14 @@ shapes from these views.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic.alias_generators import to_camel
 from sortedcontainers import SortedList
 
-from gpuquota.core.records import QueueKey, queue_order
+from gpuquota.core.records import QueueKey
+from gpuquota.read.jobs import AttemptView, JobView, ShareKey
 from gpuquota.read.nodes import NodeTable
 from gpuquota.read.tally import EventTally
 from gpuquota.support.arns import ArnFactory
@@ -42,10 +44,6 @@ S = TypeVar("S", SchedulingPolicySpec, ServiceEnvironmentSpec, JobQueueSpec, Quo
 
 RECENT_PREEMPTIONS = 10
 """How many preempted attempts ``preemptionSummary.recentPreemptedAttempts`` keeps (newest first)."""
-HISTORY = 64
-"""How many status changes ``JobView.history`` keeps (the oldest are dropped)."""
-
-ShareKey = tuple[str, str]
 RunnableKey = QueueKey
 
 _HANDLERS: dict[str, str] = {}
@@ -61,75 +59,6 @@ class ResourceView(Generic[S]):
     """The event id of the command that made this view pending (``None`` once an event confirmed it)."""
     previous: ResourceView[S] | None = None
     """While pending: the view before that command, restored if the command is rejected."""
-
-
-@dataclass(slots=True)
-class AttemptView:
-    attempt_id: str
-    arn: str
-    scheduled_at: int
-    started_at: int | None = None
-    stopped_at: int | None = None
-    status_reason: str | None = None
-    outputs: list[dict[str, str]] = field(default_factory=list)
-    """gpuquota's ``gpuquotaOutputs``: where each instance kept /opt/ml/model and /opt/ml/output (I6)."""
-    checkpoint_at: int | None = None
-    """gpuquota's ``gpuquotaCheckpointAt``: the attempt's last checkpoint as its node reported it (S12)."""
-    lost_work: dict[str, Any] | None = None
-    """gpuquota's ``gpuquotaLostWork`` of a preempted attempt (S12): ``lost_work``."""
-
-
-@dataclass(slots=True)
-class JobView:
-    spec: JobSpec
-    status: JobStatus = JobStatus.SUBMITTED
-    status_reason: str | None = None
-    blocked_reason: str | None = None
-    """S9.1: while the job is a blocked head, its ``statusReason`` (``JobBlocked``)."""
-    priority: int = 0
-    scheduled_at: int | None = None
-    started_at: int | None = None
-    stopped_at: int | None = None
-    is_terminated: bool = False
-    runnable_since: int = 0
-    attempts: list[AttemptView] = field(default_factory=list)
-    current: AttemptView | None = None
-    held: tuple[str, int] | None = None
-    preempted_count: int = 0
-    recent_preempted: list[AttemptView] = field(default_factory=list)
-    preemptions: list[dict[str, Any]] = field(default_factory=list)
-    """The preemption decisions against this job (``JobPreempted``), newest first, at most 10."""
-    history: list[tuple[int, str]] = field(default_factory=list)
-    """(epoch ms, status) of the job's status changes, oldest first (timelines, ``gpuquota explain``)."""
-    tags: dict[str, str] = field(default_factory=dict)
-    pending_input: str | None = None
-
-    @property
-    def share(self) -> ShareKey:
-        return (self.spec.job_queue, self.spec.quota_share)
-
-    @property
-    def runnable_key(self) -> RunnableKey:
-        return queue_order(self.priority, self.spec.created_at, self.spec.job_id)
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
-
-
-_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
-
-
-def kept(spec: JobSpec) -> JobSpec:
-    """``spec`` sharing its set of fields given (pydantic's ``model_fields_set``) with every spec kept
-    that has the same one: each decoded spec has its own, 728 bytes of the 3.3 KB a finished job costs
-    the read model, which keeps every job. pydantic copies the set before changing it
-    (``model_copy``); the core's event templates share theirs the same way (``core.context``)."""
-    given = spec.__pydantic_fields_set__
-    shared = _FIELDS_SETS.setdefault(frozenset(given), given)
-    if shared is not given:
-        object.__setattr__(spec, "__pydantic_fields_set__", shared)
-    return spec
 
 
 class ReadModel:
@@ -159,9 +88,6 @@ class ReadModel:
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
         self.head_since: dict[ShareKey, tuple[str, int]] = {}
         """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
-        self.failure: str | None = None
-        """The first event this projection could not apply: its views are wrong from there on, so the
-        process says so in ``/health/live`` (503) until a rebuild succeeds (``reset``)."""
 
     def adopt(self, other: ReadModel) -> None:
         """Take over ``other``'s views: a projection rebuilt from the log, swapped in place so that
@@ -171,16 +97,7 @@ class ReadModel:
     # ----- projection --------------------------------------------------------------------------
 
     def apply(self, event: ev.SchedulerEvent) -> None:
-        """Fold one event; an error is re-raised and kept in ``failure`` (a caller that goes on
-        cannot hide it)."""
-        try:
-            self._apply(event)
-        except Exception as exc:
-            if self.failure is None:
-                self.failure = f"the read model could not apply {event.type} {event.event_id}: {exc!r}"
-            raise
-
-    def _apply(self, event: ev.SchedulerEvent) -> None:
+        """Fold one event (``read.projection.Projector`` feeds it and keeps its errors)."""
         if event.occurred_at > self.last_event_at:
             self.last_event_at = event.occurred_at
         self.nodes.apply(event)
@@ -197,10 +114,7 @@ class ReadModel:
         job = self.jobs.get(job_id) if isinstance(job_id, str) else None
         self.tally.observe(event, job)
         if job is not None and job.status is not status:
-            if not job.history:
-                job.history.append((job.spec.created_at, JobStatus.SUBMITTED.value))
-            job.history.append((event.occurred_at, job.status.value))
-            del job.history[:-HISTORY]
+            job.note_status(event.occurred_at)
 
     def _resource(self, table: dict[Any, ResourceView[S]], key: Any, spec: S, status: str) -> None:
         if status == "DELETED":
@@ -249,12 +163,12 @@ class ReadModel:
         if job is not None and job.pending_input is not None:
             # The gateway's pending view becomes the job's view: nothing but its tags (TagResource)
             # changes while it is pending, and those are kept.
-            job.spec = kept(e.job)
+            job.spec = e.job
             job.priority = e.job.priority
             job.pending_input = None
         else:
-            job = JobView(spec=kept(e.job), priority=e.job.priority, tags=dict(e.job.tags))
-            self.jobs[job.spec.job_id] = job
+            job = JobView(e.job, e.job.priority, dict(e.job.tags))
+            self.jobs[job.job_id] = job
         job.status = JobStatus.RUNNABLE
         job.runnable_since = e.occurred_at
         self._enqueue(job)
@@ -286,7 +200,7 @@ class ReadModel:
     def time_at_position(self, job: JobView) -> int:
         """When the job reached its place: the front of its share if it is there, else RUNNABLE."""
         since = self.head_since.get(job.share)
-        if since is not None and since[0] == job.spec.job_id:
+        if since is not None and since[0] == job.job_id:
             return max(since[1], job.runnable_since)
         return job.runnable_since
 
@@ -313,11 +227,7 @@ class ReadModel:
         job.blocked_reason = None
         job.scheduled_at = e.occurred_at
         job.stopped_at = None
-        attempt = AttemptView(
-            e.attempt_id, self.arns.training_job(job.spec.job_name, e.attempt_id), e.occurred_at
-        )
-        job.attempts.append(attempt)
-        job.current = attempt
+        job.start_attempt(AttemptView(e.attempt_id, e.occurred_at))
         job.held = (e.unit, e.count)
         usage = self.usage.setdefault(job.share, {})
         usage[e.unit] = usage.get(e.unit, 0) + e.count
@@ -325,9 +235,9 @@ class ReadModel:
     def _on_AttemptOutputsRecorded(self, e: ev.AttemptOutputsRecorded) -> None:
         if (attempt := self.jobs[e.job_id].current) is not None:  # recorded before the attempt ends
             node = {"nodeId": e.node_id}
-            attempt.outputs += [
+            attempt.outputs += tuple(
                 node | {"host": o.host, "modelDir": o.model_dir, "outputDir": o.output_dir} for o in e.outputs
-            ]
+            )
 
     def _on_AttemptCheckpointed(self, e: ev.AttemptCheckpointed) -> None:
         if (attempt := self.jobs[e.job_id].current) is not None and attempt.attempt_id == e.attempt_id:
@@ -368,8 +278,7 @@ class ReadModel:
 
     def _preempted(self, job: JobView, attempt: AttemptView) -> None:
         job.preempted_count += 1
-        job.recent_preempted.insert(0, attempt)
-        del job.recent_preempted[RECENT_PREEMPTIONS:]
+        job.recent_preempted = (attempt, *job.recent_preempted)[:RECENT_PREEMPTIONS]
 
     def _on_JobRequeued(self, e: ev.JobRequeued) -> None:
         job = self.jobs[e.job_id]
@@ -390,23 +299,20 @@ class ReadModel:
         preemptor = self.jobs.get(e.preemptor_job_id)
         if job.current is not None and job.current.attempt_id == e.attempt_id:
             job.current.lost_work = lost_work(e)
-        job.preemptions.insert(
-            0,
-            {
-                "decidedAt": e.occurred_at,
-                "attemptId": e.attempt_id,
-                "kind": e.kind,
-                "preemptorJobId": e.preemptor_job_id,
-                "preemptorJobName": None if preemptor is None else preemptor.spec.job_name,
-                "preemptorQuotaShareName": e.preemptor_share,
-                "victimQuotaShareName": e.victim_share,
-                "statusReason": e.status_reason,
-                "victimRuntimeMs": e.victim_runtime_ms,
-                "lostWork": lost_work(e),
-                "figures": {to_camel(k): v for k, v in e.figures.model_dump().items()},
-            },
-        )
-        del job.preemptions[RECENT_PREEMPTIONS:]
+        decision = {
+            "decidedAt": e.occurred_at,
+            "attemptId": e.attempt_id,
+            "kind": e.kind,
+            "preemptorJobId": e.preemptor_job_id,
+            "preemptorJobName": None if preemptor is None else preemptor.job_name,
+            "preemptorQuotaShareName": e.preemptor_share,
+            "victimQuotaShareName": e.victim_share,
+            "statusReason": e.status_reason,
+            "victimRuntimeMs": e.victim_runtime_ms,
+            "lostWork": lost_work(e),
+            "figures": {to_camel(k): v for k, v in e.figures.model_dump().items()},
+        }
+        job.preemptions = (decision, *job.preemptions)[:RECENT_PREEMPTIONS]
 
     def _on_JobTagsChanged(self, e: ev.JobTagsChanged) -> None:
         job = self.jobs.get(e.job_id)
@@ -433,9 +339,9 @@ class ReadModel:
     # ----- pending states (recorded by the gateway when it sends a command) ---------------------
 
     def pending_job(self, spec: JobSpec, input_id: str) -> JobView:
-        job = JobView(spec=spec, priority=spec.priority, tags=dict(spec.tags), pending_input=input_id)
+        job = JobView(spec, spec.priority, dict(spec.tags), pending_input=input_id)
         job.runnable_since = spec.created_at
-        self.jobs[spec.job_id] = job
+        self.jobs[job.job_id] = job
         return job
 
     def revert_job(self, job_id: str, input_id: str) -> None:

@@ -4,12 +4,14 @@ Part of the read model (``ReadModel.nodes``): registrations, recorded heartbeats
 and where each attempt was placed (``JobDispatched``), which ``gpuquota jobs logs`` needs to find an
 attempt's log. Every attempt ever placed is kept (a finished attempt's log is still read), as a
 ``Placed`` of plain tuples: the event's pydantic ``Placement`` cost about 400 bytes more an attempt, an
-eighth of what a finished job cost the read model. Heartbeats are recorded in the log at most every
+eighth of what a finished job cost the read model; node ids and slot tuples, which every placement on
+a node repeats, are kept once (another 100 bytes an attempt). Heartbeats are recorded in the log at most every
 quarter of the heartbeat timeout, so ``heartbeatAgeSeconds`` can exceed the real age by that much.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -56,11 +58,15 @@ class NodeTable:
         self.nodes: dict[str, NodeView] = {}
         self.placements: dict[str, tuple[Placed, ...]] = {}
         """Attempt id -> the slots it was given, per node."""
+        self._tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
+        """One of each slot or GPU tuple placed (they repeat with every placement on a node)."""
 
     def apply(self, event: ev.SchedulerEvent) -> None:
         if isinstance(event, ev.JobDispatched):
+            share = self._tuples.setdefault
             self.placements[event.attempt_id] = tuple(
-                Placed(p.node_id, p.slots, p.gpus) for p in event.placements
+                Placed(sys.intern(p.node_id), share(p.slots, p.slots), share(p.gpus, p.gpus))
+                for p in event.placements
             )
         elif isinstance(event, ev.NodeRegistered):
             self.nodes[event.node_id] = NodeView(

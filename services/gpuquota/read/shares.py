@@ -15,7 +15,8 @@ from gpuquota.core.quota import attribute_lent, max_usage
 from gpuquota.wire.base import QuotaShareSpec, Strategy
 
 if TYPE_CHECKING:
-    from gpuquota.read.model import ReadModel, ResourceView, ShareKey
+    from gpuquota.read.jobs import ShareKey
+    from gpuquota.read.model import ReadModel, ResourceView
 
 HYGIENE_TAGS = (MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG)
 """S10's opt-in tags, shown with each share by ``gpuquota shares``."""

@@ -24,7 +24,6 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuquota.wire import events as ev
-from gpuquota.wire.base import JobSpec
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 
@@ -64,7 +63,10 @@ class CountedJob(Protocol):
     """What the tally reads of the job an event concerns (the read model's ``JobView``)."""
 
     @property
-    def spec(self) -> JobSpec: ...
+    def count(self) -> int: ...
+
+    @property
+    def created_at(self) -> int: ...
 
     @property
     def share(self) -> tuple[str, str]: ...
@@ -93,7 +95,7 @@ def failure_class(event: ev.JobFailed) -> str:
 
 def lost_gpu_seconds(event: ev.JobPreempted, victim: CountedJob) -> float:
     """S10.3's work lost by one preemption: the attempt's runtime times its instances."""
-    return event.victim_runtime_ms / 1000 * victim.spec.count
+    return event.victim_runtime_ms / 1000 * victim.count
 
 
 def checkpoint_lost_gpu_seconds(event: ev.JobPreempted) -> float:
@@ -143,7 +145,7 @@ class EventTally(Collector):
             elif kind == "JobFailed":
                 self.failed[(*job.share, failure_class(cast(ev.JobFailed, event)))] += 1
             elif len(job.attempts) == 1:  # JobRunning of the first attempt
-                self.latency.observe(max(0.0, (event.occurred_at - job.spec.created_at) / 1000))
+                self.latency.observe(max(0.0, (event.occurred_at - job.created_at) / 1000))
 
     def collect(self) -> Iterator[Metric]:
         tables: tuple[tuple[str, Mapping[tuple[str, ...], float]], ...] = (

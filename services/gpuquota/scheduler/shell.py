@@ -14,9 +14,9 @@ is the driver's; what is the embedded mode's own is its port (``_ShellPort``):
 
 - its **live state** is the shell's ``ClusterState`` (``state``, ``seq``); it is rebuilt by folding the
   whole log of the pool (``fold_log``); the read model is left as it is;
-- to **settle** a recorded batch is to fold its events into the read model (``ReadModel``, the one
-  piece the shell keeps of the read side: ``_project``), publish its node commands and job-state
-  events, and answer the callers, in order;
+- to **settle** a recorded batch is to feed its events to the read side's ``Projector``
+  (``gpuquota.read.projection``: the gateway's read model in both modes; ``_project``), publish
+  its node commands and job-state events, and answer the callers, in order;
 - it redoes a failed batch **one input at a time** and appends a batch **at once** (``driver.Mode``),
   and an input whose step raises is answered with the error (the rest of its batch goes on);
 - while the store refuses writes (``StoreWriteFailed``: the disk is full, an I/O error) inputs go
@@ -55,6 +55,7 @@ from gpuquota.adapters.event_store import EventStore, Position, Record, StaleWri
 from gpuquota.adapters.log_fold import fold_log
 from gpuquota.core import DEFAULT_POLICY, ClusterState
 from gpuquota.read.model import ReadModel
+from gpuquota.read.projection import ProjectionFailed, Projector
 from gpuquota.scheduler import loop
 from gpuquota.scheduler.driver import BatchDriver, Mode, Settled
 from gpuquota.scheduler.intake import Intake
@@ -97,7 +98,7 @@ class SchedulerShell:
     def __init__(
         self,
         store: EventStore,
-        read_model: ReadModel | None = None,
+        projector: Projector | None = None,
         *,
         pool: str = "default",
         tick_seconds: float = DEFAULT_POLICY.tick_seconds,
@@ -108,7 +109,7 @@ class SchedulerShell:
         on_append: loop.OnAppend | None = None,
     ) -> None:
         self.store = store
-        self.read_model = read_model or ReadModel()
+        self.projector = projector or Projector()
         self.pool = pool
         self.tick_seconds = tick_seconds
         self.clock = clock
@@ -131,6 +132,10 @@ class SchedulerShell:
         self._failing_since = 0.0
         self.on_step: Callable[[float], None] | None = None
         """Called with the seconds each batch took to decide, record and apply (metrics)."""
+
+    @property
+    def read_model(self) -> ReadModel:
+        return self.projector.read_model
 
     @property
     def state(self) -> ClusterState:
@@ -182,16 +187,13 @@ class SchedulerShell:
             if not answer.done():
                 answer.set_exception(exc)
 
-    # ----- the read model (folded here until the gateway projects in both modes) ---------------
+    # ----- the read side ------------------------------------------------------------------------
 
     def _project(self, events: Sequence[SchedulerEvent]) -> None:
-        """Fold ``events`` into the read model; a projection bug must not stop the scheduler."""
-        apply = self.read_model.apply
-        for event in events:
-            try:
-                apply(event)
-            except Exception:
-                log.exception("read model could not apply %s %s", event.type, event.event_id)
+        """Feed ``events`` to the read side; a projection bug must not stop the scheduler (the
+        projector keeps it: ``/health/live`` fails)."""
+        with contextlib.suppress(ProjectionFailed):
+            self.projector.project(events)
 
     def _project_record(self, record: Record) -> None:
         self._project(record.events)
@@ -244,7 +246,7 @@ class SchedulerShell:
         """Rebuild state and read model from the pool's log; return the number of records folded."""
         async with self.live.lock:
             state = ClusterState(self.heartbeat_timeout_ms)
-            self.read_model.reset()
+            self.projector.reset()
             _, folded = await fold_log(self.store, self.pool, state, after=self._project_record)
             self.live = _Live(state, await self.store.last_seq(self.pool))
             return folded

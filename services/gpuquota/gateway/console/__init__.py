@@ -36,7 +36,7 @@ from gpuquota.read.shares import share_maximum, share_table
 if TYPE_CHECKING:
     from gpuquota.core.state import ClusterState
     from gpuquota.gateway.app import Gateway
-    from gpuquota.read.model import JobView
+    from gpuquota.read.jobs import JobView
 
 STATIC = Path(__file__).parent / "static"
 POLL_MS = 1000
@@ -97,7 +97,7 @@ class Console:
             for key in rm.runnable.get((row["jobQueue"], row["quotaShareName"]), ()):
                 job = rm.jobs.get(key[2])
                 if job is not None:
-                    queued[job.spec.unit] = queued.get(job.spec.unit, 0) + 1
+                    queued[job.unit] = queued.get(job.unit, 0) + 1
             units = sorted({*row["limits"], *row["usage"], *queued})
             maximum = {u: share_maximum(rm, row["jobQueue"], row["quotaShareName"], u) for u in units}
             shares.append(
@@ -130,12 +130,11 @@ class Console:
         rows = []
         # newest first without sorting them all: the read model keeps jobs in the order they arrived
         for job in reversed(self.gateway.rm.jobs.values()):
-            spec = job.spec
             if (
-                (queue is not None and spec.job_queue != queue)
-                or (share is not None and spec.quota_share != share)
+                (queue is not None and job.job_queue != queue)
+                or (share is not None and job.quota_share != share)
                 or (status is not None and job.status.value != status)
-                or (name and not spec.job_name.lower().startswith(name))
+                or (name and not job.job_name.lower().startswith(name))
             ):
                 continue
             rows.append(self._summary(job))
@@ -146,9 +145,9 @@ class Console:
     def _summary(self, job: JobView) -> dict[str, Any]:
         return {
             **job_brief(job),
-            "unit": job.spec.unit,
-            "count": job.spec.count,
-            "createdAt": job.spec.created_at,
+            "unit": job.unit,
+            "count": job.count,
+            "createdAt": job.created_at,
             "preemptedAttemptCount": job.preempted_count,
         }
 
@@ -170,7 +169,7 @@ class Console:
             {
                 **explained,
                 "summary": self._summary(job),
-                "createdAt": job.spec.created_at,
+                "createdAt": job.created_at,
                 "attempts": attempts,
                 "now": self.gateway.clock(),
                 "readOnly": self.read_only,
@@ -202,7 +201,7 @@ class Console:
                         "unit": offer.unit,
                         "gpus": list(offer.gpus),
                         "jobId": holder,
-                        "jobName": None if view is None else view.spec.job_name,
+                        "jobName": None if view is None else view.job_name,
                     }
                 )
             nodes.append(
