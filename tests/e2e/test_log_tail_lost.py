@@ -28,6 +28,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from gpuquota.adapters.log_codec import decode_record
 from tests.e2e.conftest import G5, ClusterFactory, apoll
@@ -42,6 +43,32 @@ SLOTS = 16
 JOBS = 200
 LOST = 60
 """Records cut from the end of the log."""
+
+
+async def recorded_positions(database_url: str, pool: str, topic: str) -> dict[int, int]:
+    """The next offset of ``topic`` per partition that ``pool``'s log has recorded."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch(
+            """SELECT source_partition, max(source_offset) + 1 FROM inputs
+               WHERE pool = $1 AND source_topic = $2 GROUP BY source_partition""",
+            pool, topic,
+        )  # fmt: skip
+    finally:
+        await connection.close()
+    return {partition: position for partition, position in rows}
+
+
+async def committed_reach(kafka: str, group: str, topic: str, positions: dict[int, int]) -> bool:
+    """Whether the consumer ``group``'s committed offsets of ``topic`` have reached ``positions``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    committed = {tp.partition: at.offset for tp, at in offsets.items() if tp.topic == topic}
+    return all(committed.get(partition, -1) >= position for partition, position in positions.items())
 
 
 async def cut_tail(database_url: str, pool: str, lost: int) -> dict[str, int]:
@@ -94,6 +121,15 @@ async def test_a_log_that_lost_its_tail_runs_no_finished_job_again(
         return ended(out) >= count
 
     await apoll(functools.partial(ended_at_least, JOBS // 2), 300, f"{JOBS // 2} jobs to end", 0.2)
+    # Kafka commits the scheduler's offsets once a second: kill it only once they cover what the log
+    # held a moment ago, so that the cut below ends the log before Kafka's committed offset (the case
+    # this test is about) rather than leaving the lost inputs after it
+    topics = cluster.topics
+    positions = await recorded_positions(database_url, cluster.pool, topics.inputs)
+    reach = functools.partial(
+        committed_reach, cluster.kafka, topics.scheduler_group, topics.inputs, positions
+    )
+    await apoll(reach, 30, f"the scheduler's committed offsets to reach {positions}", 0.1)
     await cluster.scheduler.kill()
     cut = await cut_tail(database_url, cluster.pool, LOST)
     projector = cluster.gateway.projector
