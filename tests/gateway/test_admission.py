@@ -19,7 +19,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from benchmarks.pipeline_workload import submission
-from gpuquota.config.settings import ADMISSION_DEFAULTS, SettingsError, admission_from_env
+from gpuquota.config.environ import SettingsError
+from gpuquota.config.settings import ADMISSION_DEFAULTS, admission_from_env
 from gpuquota.gateway.admission import FORGET_AFTER, Admission
 from gpuquota.gateway.edge import token_job_id
 from gpuquota.gateway.errors import TooManyRequests

@@ -58,7 +58,8 @@ async def test_http_logs_reach_a_node_at_its_advertised_address(tmp_path: Path) 
 
 
 def test_a_logs_url_with_an_unknown_field_is_refused_at_start() -> None:
-    from gpuquota.config.settings import GatewaySettings, SettingsError
+    from gpuquota.config.environ import SettingsError
+    from gpuquota.config.settings import GatewaySettings
 
     env = {"GPUQUOTA_KAFKA": "k:9092", "GPUQUOTA_DATABASE_URL": "postgresql://h/db"}
     assert GatewaySettings.from_env({**env, "GPUQUOTA_NODE_LOGS_URL": "http://{address}:8643"})

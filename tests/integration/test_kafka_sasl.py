@@ -39,7 +39,7 @@ from aiokafka.errors import KafkaConnectionError
 from gpuquota.adapters.kafka import KafkaTopics, client_options, ensure_topics
 from gpuquota.adapters.postgres_store import PostgresEventStore
 from gpuquota.client.events import EventsClient
-from gpuquota.config.settings import KafkaClientSettings
+from gpuquota.config.kafka import KafkaClientSettings
 from tests.conftest import LauncherError, LocalService, unavailable
 from tests.gateway.helpers import payload, status, submit, worked_example
 from tests.pipeline.conftest import wait_until

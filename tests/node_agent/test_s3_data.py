@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
-from gpuquota.config.settings import S3Settings
+from gpuquota.config.s3 import S3Settings
 from gpuquota.entrypoints.metrics_port import agent_families
 from gpuquota.node_agent import NodeAgent, ProcessRuntime, parse_slots
 from gpuquota.node_agent.s3_stage import data_plane

@@ -12,14 +12,9 @@ import faust
 import pytest
 
 from gpuquota.adapters.kafka import client_options
-from gpuquota.config.settings import (
-    PLAINTEXT,
-    GatewaySettings,
-    KafkaClientSettings,
-    NodeAgentSettings,
-    SchedulerSettings,
-    SettingsError,
-)
+from gpuquota.config.environ import SettingsError
+from gpuquota.config.kafka import PLAINTEXT, KafkaClientSettings
+from gpuquota.config.settings import GatewaySettings, NodeAgentSettings, SchedulerSettings
 from gpuquota.scheduler.faust_app import faust_credentials
 
 KAFKA = {"GPUQUOTA_KAFKA": "kafka:9092"}

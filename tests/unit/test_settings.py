@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 import gpuquota.config.settings as settings_module
+from gpuquota.config.environ import SettingsError
 from gpuquota.config.settings import (
     SERVICE_SETTINGS,
     GatewaySettings,
     NodeAgentSettings,
     NodeSpec,
     SchedulerSettings,
-    SettingsError,
 )
 
 KAFKA = {"GPUQUOTA_KAFKA": "kafka:9092"}
@@ -50,6 +50,7 @@ def test_env_var_lists() -> None:
         "GPUQUOTA_TOPIC_PREFIX",
         "GPUQUOTA_LOG_FORMAT",
         "GPUQUOTA_STARTUP_TIMEOUT",
+        "GPUQUOTA_SECRETS_DIR",
     } == GatewaySettings.ENV_VARS
     assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == GatewaySettings.REQUIRED_ENV_VARS
     assert {"GPUQUOTA_KAFKA", "GPUQUOTA_DATABASE_URL"} == SchedulerSettings.REQUIRED_ENV_VARS
@@ -118,3 +119,36 @@ def test_settings_are_immutable() -> None:
     gw = GatewaySettings.from_env({**KAFKA, **DB})
     with pytest.raises(ValueError):
         gw.port = 1  # type: ignore[misc]
+
+
+def test_secrets_come_from_the_files_of_the_secrets_dir(tmp_path: Path) -> None:
+    (tmp_path / "GPUQUOTA_DATABASE_URL").write_text("postgresql://u:file-pw@db:5432/gpuquota\n")
+    (tmp_path / "gpuquota_node_token").write_text("token-from-a-file")  # the name in any case
+    env = {**KAFKA, "GPUQUOTA_SECRETS_DIR": str(tmp_path)}
+    gw = GatewaySettings.from_env(env)
+    assert gw.database_url == "postgresql://u:file-pw@db:5432/gpuquota"
+    assert gw.node_token == "token-from-a-file"
+    assert GatewaySettings.from_env({**env, **DB}).database_url == DB["GPUQUOTA_DATABASE_URL"]  # env wins
+    assert "GPUQUOTA_SECRETS_DIR" in GatewaySettings.ENV_VARS - GatewaySettings.REQUIRED_ENV_VARS
+
+
+def test_a_bad_secret_file_names_its_variable_not_its_value(tmp_path: Path) -> None:
+    (tmp_path / "GPUQUOTA_DATABASE_URL").write_text("mysql://u:hunter2@db/x")
+    (tmp_path / "GPUQUOTA_PORT").write_text("http")
+    with pytest.raises(SettingsError) as info:
+        GatewaySettings.from_env({**KAFKA, "GPUQUOTA_SECRETS_DIR": str(tmp_path)})
+    assert {"GPUQUOTA_DATABASE_URL", "GPUQUOTA_PORT"} <= info.value.problems.keys()
+    assert "hunter2" not in str(info.value) and "http" not in info.value.problems["GPUQUOTA_PORT"]
+
+
+def test_a_secrets_dir_that_is_not_there_is_refused(tmp_path: Path) -> None:
+    absent = tmp_path / "absent"
+    with pytest.raises(SettingsError) as info:
+        GatewaySettings.from_env({**KAFKA, **DB, "GPUQUOTA_SECRETS_DIR": str(absent)})
+    want = f"Value error, no such directory (got {str(absent)!r})"
+    assert info.value.problems == {"GPUQUOTA_SECRETS_DIR": want}
+
+
+def test_only_the_given_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUQUOTA_PORT", "9999")
+    assert GatewaySettings.from_env({**KAFKA, **DB}).port == 8080  # not os.environ behind the caller's back

@@ -31,7 +31,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from gpuquota.adapters.partitioner import default_partition
-from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.config.kafka import PLAINTEXT, KafkaSecurity
 from gpuquota.wire.base import Message
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.topics import (

@@ -49,7 +49,7 @@ from gpuquota.adapters.kafka import (
     header,
     partition_for,
 )
-from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.config.kafka import PLAINTEXT, KafkaSecurity
 from gpuquota.support.ids import uuid4, uuid7
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp

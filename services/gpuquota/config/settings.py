@@ -1,16 +1,18 @@
-"""Typed settings of the gpuquota services, read from an explicit list of environment variables.
+"""The settings of each gpuquota service: the variables it reads, typed and checked.
 
-It lives in ``gpuquota.config``, below the adapters: ``adapters/kafka.py`` and the event client
-import its ``KafkaSecurity``, so it cannot live in ``gpuquota.entrypoints``.
-
-Every field ``foo`` of a settings class is read from ``GPUQUOTA_FOO``; nothing else is read.
-``<Class>.ENV_VARS`` is the set of variables a class reads and ``<Class>.REQUIRED_ENV_VARS`` the
-ones without a default. ``from_env`` fails fast with :class:`SettingsError`, whose message names
-every offending variable.
+``GatewaySettings``, ``SchedulerSettings`` and ``NodeAgentSettings`` (:data:`SERVICE_SETTINGS`) are
+pydantic-settings classes, read by ``from_env`` as ``gpuquota.config.environ`` says: ``GPUQUOTA_FOO``
+for a field ``foo``, else the file ``GPUQUOTA_FOO`` in ``GPUQUOTA_SECRETS_DIR``. What they all read
+is a Kafka client's settings (``config.kafka``); the node agent's S3 is ``config.s3``. The table
+below is every variable, what it means and who reads it (``docs/configuration.md`` is generated from
+it and the classes: ``gpuquota.entrypoints.docs_config``).
 
 =============================  ======================================================  =========
 variable                       meaning                                                 services
 =============================  ======================================================  =========
+GPUQUOTA_SECRETS_DIR           directory of secret files, one per variable and named    all
+                               after it (``GPUQUOTA_DATABASE_URL``...); a variable
+                               set in the environment wins over its file
 GPUQUOTA_KAFKA                 Kafka bootstrap servers, ``host:port[,host:port...]``    all
 GPUQUOTA_KAFKA_SECURITY_PROTOCOL ``PLAINTEXT`` (default), ``SSL``, ``SASL_PLAINTEXT``   all
                                or ``SASL_SSL``: how clients reach the brokers
@@ -94,103 +96,24 @@ GPUQUOTA_S3_CHECKPOINT_SECONDS seconds between uploads of a running attempt's   
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
+from gpuquota.config.environ import model_from_env
 from gpuquota.config.image_map import ImageMap
+from gpuquota.config.kafka import KafkaClientSettings
+from gpuquota.config.s3 import S3Settings
 from gpuquota.core.policy import DEFAULT_POLICY
 
-ENV_PREFIX = "GPUQUOTA_"
-
-_HOST_PORT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-#: fields whose values never appear in error messages (may contain passwords)
-_SECRET_FIELDS = frozenset({"database_url", "node_token", "kafka_sasl_password", "s3_secret_access_key"})
-
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-Name = Annotated[str, Field(pattern=_NAME.pattern)]
-
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]
-_SASL: frozenset[str] = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
-_TLS: frozenset[str] = frozenset({"SSL", "SASL_SSL"})
 _SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
-
-@dataclass(frozen=True, slots=True)
-class KafkaSecurity:
-    """How a Kafka client authenticates and encrypts: the ``GPUQUOTA_KAFKA_*`` credentials, resolved.
-
-    ``gpuquota.adapters.kafka.client_options`` turns it into aiokafka's keyword arguments. The
-    password is a ``SecretStr``: printing or logging this value shows ``**********``.
-    """
-
-    protocol: SecurityProtocol = "PLAINTEXT"
-    sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
-    username: str = ""
-    password: SecretStr | None = None
-    cafile: Path | None = None
-    certfile: Path | None = None
-    keyfile: Path | None = None
-
-    @property
-    def sasl(self) -> bool:
-        return self.protocol in _SASL
-
-    @property
-    def tls(self) -> bool:
-        return self.protocol in _TLS
-
-
-PLAINTEXT = KafkaSecurity()
-"""No TLS, no authentication: the default, and what a broker on loopback for tests speaks."""
-
-
-def read_secret(path: Path) -> str:
-    """A secret file's content less one trailing newline (how Kubernetes and editors write them)."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read the file: {exc.strerror}") from None
-    secret = text.removesuffix("\n").removesuffix("\r")
-    if not secret:
-        raise ValueError("the file is empty")
-    return secret
-
-
-class SettingsError(ValueError):
-    """Raised by ``from_env`` for missing or invalid variables; the message names them."""
-
-    def __init__(self, problems: Mapping[str, str]) -> None:
-        self.problems = dict(problems)
-        super().__init__("; ".join(f"{key}: {msg}" for key, msg in self.problems.items()))
-
-
-def env_var(field_name: str) -> str:
-    """The environment variable that holds a settings field."""
-    return ENV_PREFIX + field_name.upper()
-
-
-def forget_secrets(environ: MutableMapping[str, str]) -> None:
-    """Remove the variables of secret fields from ``environ`` (``os.environ``, once the settings are
-    read): the jobs a node agent starts, and the container engine, inherit the process's environment,
-    and must not learn the database's password or the node token from it."""
-    for name in _SECRET_FIELDS:
-        environ.pop(env_var(name), None)
+Name = Annotated[str, Field(pattern=_NAME.pattern)]
 
 
 class NodeSpec(BaseModel):
@@ -199,32 +122,13 @@ class NodeSpec(BaseModel):
     gpus: Annotated[int, Field(ge=1, le=1024)]
 
 
-SettingsT = TypeVar("SettingsT", bound=BaseModel)
-
-
-def _from_env(cls: type[SettingsT], environ: Mapping[str, str]) -> SettingsT:
-    """``cls`` from its variables in ``environ``; ``SettingsError`` naming each bad or missing one."""
-    raw = {name: environ[env_var(name)] for name in cls.model_fields if env_var(name) in environ}
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as exc:
-        problems: dict[str, str] = {}
-        for err in exc.errors():
-            field = str(err["loc"][0]) if err["loc"] else ""
-            key = env_var(field) if field in cls.model_fields else cls.__name__
-            msg = "is required" if err["type"] == "missing" else err["msg"]
-            if field in raw and field not in _SECRET_FIELDS and err["type"] != "missing":
-                msg = f"{msg} (got {raw[field]!r})"
-            problems.setdefault(key, msg)
-        raise SettingsError(problems) from None
-
-
 class AdmissionSettings(BaseModel):
     """The bounds of the gateway's admission control (``gateway.admission``, whose docstring says how
     to choose them), read by ``gpuquota gateway`` and by ``gpuquota up`` in both its modes:
     GPUQUOTA_ADMISSION_MAX_BACKLOG, GPUQUOTA_ADMISSION_MAX_SECONDS."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # pydantic-settings' kind of config: GatewaySettings is both these fields and an EnvSettings
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(frozen=True, extra="forbid")
 
     admission_max_backlog: Annotated[int, Field(ge=0)] = 2000
     """Undecided inputs at most before submissions get a 429 (``gateway.admission``; 0: no bound)."""
@@ -238,136 +142,10 @@ ADMISSION_DEFAULTS = AdmissionSettings()
 def admission_from_env(environ: Mapping[str, str]) -> AdmissionSettings:
     """The admission bounds of ``environ`` (``gpuquota up``; ``gpuquota gateway`` reads them with the
     rest of its ``GatewaySettings``); ``SettingsError`` naming a bad one."""
-    return _from_env(AdmissionSettings, environ)
+    return model_from_env(AdmissionSettings, environ)
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ENV_VARS: ClassVar[frozenset[str]] = frozenset()
-    REQUIRED_ENV_VARS: ClassVar[frozenset[str]] = frozenset()
-
-    kafka: str
-    log_level: LogLevel = "INFO"
-    log_format: Literal["text", "json"] = "text"
-    startup_timeout: Annotated[float, Field(gt=0, le=86400)] = 60.0
-    topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,100}$")] = ""
-    # the Kafka credentials (KafkaSecurity); each validator below checks one against the protocol
-    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
-    kafka_sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
-    kafka_sasl_username: str = Field("", validate_default=True)
-    kafka_sasl_password: SecretStr | None = None
-    kafka_sasl_password_file: Path | None = Field(None, validate_default=True)
-    kafka_ssl_cafile: Path | None = None
-    kafka_ssl_certfile: Path | None = None
-    kafka_ssl_keyfile: Path | None = None
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        cls.ENV_VARS = frozenset(env_var(name) for name in cls.model_fields)
-        cls.REQUIRED_ENV_VARS = frozenset(
-            env_var(name) for name, info in cls.model_fields.items() if info.is_required()
-        )
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Self:
-        """Builds the settings from ``environ`` (e.g. ``os.environ``); ignores unrelated variables."""
-        return _from_env(cls, environ)
-
-    @field_validator("kafka")
-    @classmethod
-    def _check_kafka(cls, value: str) -> str:
-        servers = [s.strip() for s in value.split(",")]
-        if not servers or not all(_HOST_PORT.match(s) for s in servers):
-            raise ValueError("expected host:port[,host:port...]")
-        return ",".join(servers)
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_log_level(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value
-
-    @property
-    def kafka_security(self) -> KafkaSecurity:
-        """The Kafka credentials; the password file is read now (a rotated secret is picked up)."""
-        password = self.kafka_sasl_password
-        if self.kafka_sasl_password_file is not None:
-            password = SecretStr(read_secret(self.kafka_sasl_password_file))
-        return KafkaSecurity(
-            self.kafka_security_protocol,
-            self.kafka_sasl_mechanism,
-            self.kafka_sasl_username,
-            password,
-            self.kafka_ssl_cafile,
-            self.kafka_ssl_certfile,
-            self.kafka_ssl_keyfile,
-        )
-
-    @field_validator("kafka_sasl_username")
-    @classmethod
-    def _check_sasl_username(cls, value: str, info: ValidationInfo) -> str:
-        protocol = info.data.get("kafka_security_protocol")  # absent: invalid, reported already
-        if protocol in _SASL and not value:
-            raise ValueError(f"is required with GPUQUOTA_KAFKA_SECURITY_PROTOCOL={protocol}")
-        if value and protocol not in _SASL | {None}:
-            raise ValueError(_NEEDS_SASL)
-        return value
-
-    @field_validator("kafka_sasl_password")
-    @classmethod
-    def _check_sasl_password(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
-        if value is not None and not value.get_secret_value():
-            raise ValueError("is empty")
-        if value is not None and info.data.get("kafka_security_protocol") not in _SASL | {None}:
-            raise ValueError(_NEEDS_SASL)
-        return value
-
-    @field_validator("kafka_sasl_password_file")
-    @classmethod
-    def _check_sasl_password_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        """One of the password and its file with SASL (the file readable), neither without."""
-        protocol = info.data.get("kafka_security_protocol")
-        password = info.data.get("kafka_sasl_password", "invalid")  # None: not given
-        if value is None:
-            if protocol in _SASL and password is None:
-                raise ValueError(
-                    f"GPUQUOTA_KAFKA_SASL_PASSWORD or GPUQUOTA_KAFKA_SASL_PASSWORD_FILE is required "
-                    f"with GPUQUOTA_KAFKA_SECURITY_PROTOCOL={protocol}"
-                )
-            return value
-        if protocol not in _SASL | {None}:
-            raise ValueError(_NEEDS_SASL)
-        if password is not None:
-            raise ValueError("set GPUQUOTA_KAFKA_SASL_PASSWORD or this file, not both")
-        read_secret(value)  # fail at start-up, not at the first connection
-        return value
-
-    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
-    @classmethod
-    def _check_ssl_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is None:
-            return value
-        if info.data.get("kafka_security_protocol") not in _TLS | {None}:
-            raise ValueError("needs GPUQUOTA_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL")
-        if not value.is_file():
-            raise ValueError("no such file")
-        if info.field_name == "kafka_ssl_keyfile" and info.data.get("kafka_ssl_certfile", value) is None:
-            raise ValueError("needs GPUQUOTA_KAFKA_SSL_CERTFILE (the certificate of this key)")
-        return value
-
-
-_NEEDS_SASL = "needs GPUQUOTA_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT or SASL_SSL"
-
-
-class KafkaClientSettings(_Settings):
-    """A Kafka client's settings: GPUQUOTA_KAFKA and its credentials (``gpuquota up``, event clients).
-
-    ``KafkaClientSettings.from_env(os.environ).kafka_security`` is what ``EventsClient`` takes.
-    """
-
-
-class _DatabaseSettings(_Settings):
+class _DatabaseSettings(KafkaClientSettings):
     database_url: str
 
     @field_validator("database_url")
@@ -458,47 +236,7 @@ class SchedulerSettings(_DatabaseSettings):
         return specs
 
 
-class S3Settings(BaseModel):
-    """A node agent's S3 (``GPUQUOTA_S3_*``): ``gpuquota node-agent`` and ``gpuquota up`` read them.
-
-    ``gpuquota.node_agent.s3_transfer.S3Config`` is what the agent takes (:meth:`s3_secret`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    s3_endpoint_url: Annotated[str, Field(pattern=r"^(https?://[^\s/]+/?)?$")] = ""
-    s3_region: Annotated[str, Field(pattern=r"^[a-z0-9-]{1,64}$")] = "us-east-1"
-    s3_access_key_id: str = ""
-    s3_secret_access_key: SecretStr | None = None
-    s3_secret_access_key_file: Path | None = Field(None, validate_default=True)
-    s3_checkpoint_seconds: Annotated[float, Field(ge=0, le=86400)] = 30.0
-
-    @classmethod
-    def s3_from_env(cls, environ: Mapping[str, str]) -> S3Settings:
-        """Only the ``GPUQUOTA_S3_*`` variables of ``environ`` (``gpuquota up``); raises SettingsError."""
-        raw = {name: environ[env_var(name)] for name in S3Settings.model_fields if env_var(name) in environ}
-        try:
-            return S3Settings.model_validate(raw)
-        except ValidationError as exc:
-            problems = {env_var(str(e["loc"][0])) if e["loc"] else "S3": e["msg"] for e in exc.errors()}
-            raise SettingsError(problems) from None
-
-    @field_validator("s3_secret_access_key_file")
-    @classmethod
-    def _check_s3_secret_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is not None:
-            if info.data.get("s3_secret_access_key") is not None:
-                raise ValueError("set GPUQUOTA_S3_SECRET_ACCESS_KEY or this file, not both")
-            read_secret(value)  # fail at start-up, not at the first upload
-        return value
-
-    def s3_secret(self) -> str | None:
-        """The secret key; its file is read now (a rotated secret is picked up at the next start)."""
-        if self.s3_secret_access_key_file is not None:
-            return read_secret(self.s3_secret_access_key_file)
-        return None if self.s3_secret_access_key is None else self.s3_secret_access_key.get_secret_value()
-
-
-class NodeAgentSettings(_Settings, S3Settings):
+class NodeAgentSettings(KafkaClientSettings, S3Settings):
     """``gpuquota node-agent``: runs the jobs placed on one node and reports heartbeats.
 
     Reads GPUQUOTA_KAFKA, GPUQUOTA_NODE_ID, GPUQUOTA_POOL, GPUQUOTA_GPUS, GPUQUOTA_SLOTS,
@@ -552,7 +290,7 @@ class NodeAgentSettings(_Settings, S3Settings):
 
 
 #: settings class per service command (``gpuquota <command>``)
-SERVICE_SETTINGS: Mapping[str, type[_Settings]] = {
+SERVICE_SETTINGS: Mapping[str, type[KafkaClientSettings]] = {
     "gateway": GatewaySettings,
     "scheduler": SchedulerSettings,
     "node-agent": NodeAgentSettings,

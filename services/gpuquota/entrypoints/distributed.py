@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore
 from gpuquota.adapters.kafka import InputProducer, KafkaTopics, ensure_topics
-from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.config.kafka import PLAINTEXT, KafkaSecurity
 from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import S3Client

@@ -22,6 +22,8 @@ from pathlib import Path
 from pydantic_core import PydanticUndefined
 
 from gpuquota.config import settings
+from gpuquota.config.environ import env_var
+from gpuquota.config.kafka import KafkaClientSettings
 from gpuquota.entrypoints.cli import build_parser
 
 BEGIN = (
@@ -75,14 +77,14 @@ def _default(value: object) -> str:
     return f"`{value}`"
 
 
-def settings_table(command: str, cls: type[settings._Settings]) -> Iterator[str]:
+def settings_table(command: str, cls: type[KafkaClientSettings]) -> Iterator[str]:
     meanings = settings_meanings()
     yield f"### `gpuquota {command}`: `{cls.__name__}`"
     yield ""
     yield "| Variable | Default | Meaning |"
     yield "|---|---|---|"
     for name, info in cls.model_fields.items():
-        var = settings.env_var(name)
+        var = env_var(name)
         meaning = meanings.get(var, ("", ""))[0]
         yield f"| `{var}` | {_default(info.default)} | {_cell(meaning)} |"
     yield ""

@@ -26,15 +26,10 @@ from prometheus_client import CollectorRegistry
 
 from gpuquota.adapters.event_store import EventStore, InMemoryEventStore
 from gpuquota.adapters.sqlite_store import STORE_FILE
+from gpuquota.config.environ import SettingsError, forget_secrets
 from gpuquota.config.image_map import IMAGE_MAP_ENV
-from gpuquota.config.settings import (
-    PLAINTEXT,
-    KafkaClientSettings,
-    KafkaSecurity,
-    SettingsError,
-    admission_from_env,
-    forget_secrets,
-)
+from gpuquota.config.kafka import PLAINTEXT, KafkaClientSettings, KafkaSecurity
+from gpuquota.config.settings import admission_from_env
 from gpuquota.core.policy import DEFAULT_POLICY, SchedulingPolicy
 from gpuquota.entrypoints.gateway_front import GatewayFront
 from gpuquota.entrypoints.local_s3 import LocalS3Error, S3Client, s3_client, s3_settings

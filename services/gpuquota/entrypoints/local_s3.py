@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuquota.config.settings import S3Settings
+from gpuquota.config.s3 import S3Settings
 
 #: ``services/gpuquota/entrypoints`` -> the checkout's root
 _ROOT = Path(__file__).resolve().parents[3]

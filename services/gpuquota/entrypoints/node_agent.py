@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
-    from gpuquota.config.settings import env_var
+    from gpuquota.config.environ import env_var
 
     merged = dict(environ)
     for dest, field in _FLAGS.items():
@@ -71,7 +71,8 @@ def settings_environ(args: argparse.Namespace, environ: Mapping[str, str]) -> di
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
-    from gpuquota.config.settings import NodeAgentSettings, SettingsError, forget_secrets
+    from gpuquota.config.environ import SettingsError, forget_secrets
+    from gpuquota.config.settings import NodeAgentSettings
     from gpuquota.node_agent.slots import SlotSpecError, discover_slots
     from gpuquota.observe.startup import warn_unknown_variables
     from gpuquota.support.exposure import TokenError, read_token

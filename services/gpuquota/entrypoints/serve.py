@@ -74,7 +74,7 @@ _S = TypeVar("_S", GatewaySettings, SchedulerSettings)
 
 def _settings(command: str, kind: type[_S], environ: dict[str, str] | None) -> _S | None:
     """The service's settings from the environment, its logging configured; None (printed) if invalid."""
-    from gpuquota.config.settings import SettingsError
+    from gpuquota.config.environ import SettingsError
 
     env = os.environ if environ is None else environ
     warn_unknown_variables(command, env)

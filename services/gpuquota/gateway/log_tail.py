@@ -22,7 +22,7 @@ record on and checks that the log still holds it, the same input with the same e
 ``ProjectionFailed``) counts the same. Either way the tail **rebuilds**: it folds the whole log from
 the start into a fresh ``Projector`` and ``ClusterState`` and swaps them in (the read model in place,
 ``Projector.adopt``, so every holder sees the new one). An unreachable store only delays all this
-(the next poll tries again). If the rebuild itself cannot apply the log, ``failure`` says why and the
+(tried again with back-off). If the rebuild itself cannot apply the log, ``failure`` says why and the
 gateway fails its liveness (``/health/live`` 503, ``GatewayService.broken``): a restart, or a fix, is
 the remedy left, never a read model that silently stops.
 """
@@ -38,12 +38,16 @@ from gpuquota.adapters.log_fold import fold_log
 from gpuquota.core import ClusterState
 from gpuquota.read.model import ReadModel
 from gpuquota.read.projection import Projector
+from gpuquota.support.retry import Backoff, Failure
 from gpuquota.wire.events import SchedulerEvent
 
 log = logging.getLogger(__name__)
 
 Decision = tuple[SchedulerEvent, ...]
 _PAGE = 1000
+_LONGEST_WAIT = 1.0
+"""Seconds at most between two tries of an unreachable store: the read model is back within about a
+second of the store (a write waits for its decision for ``decision_timeout``, 5 s by default)."""
 
 
 class LogRewritten(Exception):
@@ -152,16 +156,20 @@ class LogProjector:
         return folded
 
     async def run(self) -> None:
-        """Keep folding until cancelled; an unreachable store only delays the read model."""
-        failing = False
+        """Keep folding until cancelled; an unreachable store only delays the read model: it is tried
+        again with back-off (``support.retry``: from the polling interval to :data:`_LONGEST_WAIT`),
+        said once when it goes away and once when it answers again."""
+
+        def unavailable(failure: Failure) -> None:
+            if failure.attempt == 1:
+                log.warning(
+                    "read model of pool %s: store unavailable (%s); retrying", self.pool, failure.error
+                )
+
+        def answers(_: int) -> None:
+            log.warning("read model of pool %s: the store answers again", self.pool)
+
+        backoff = Backoff(TransientStoreError, initial=self.poll_seconds, longest=_LONGEST_WAIT)
         while True:
-            try:
-                await self.catch_up()
-                if failing:
-                    log.warning("read model of pool %s: the store answers again", self.pool)
-                failing = False
-            except TransientStoreError as exc:
-                if not failing:
-                    log.warning("read model of pool %s: store unavailable (%s); retrying", self.pool, exc)
-                failing = True
+            await backoff.call(self.catch_up, failed=unavailable, recovered=answers)
             await asyncio.sleep(self.poll_seconds)  # the polling interval of the tail

@@ -35,7 +35,7 @@ from gpuquota.adapters.kafka import (
     message_headers,
     partition_for,
 )
-from gpuquota.config.settings import PLAINTEXT, KafkaSecurity
+from gpuquota.config.kafka import PLAINTEXT, KafkaSecurity
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.inputs import SchedulerInput
 from gpuquota.wire.node_commands import NODE_COMMAND_ADAPTER, NodeCommand

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from gpuquota.config.settings import S3Settings
+from gpuquota.config.s3 import S3Settings
 from gpuquota.node_agent.instances import attempt_root, host_name
 from gpuquota.node_agent.launch import LaunchError, LaunchSpec
 from gpuquota.node_agent.outcomes import FinalStatus

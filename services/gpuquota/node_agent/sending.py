@@ -1,9 +1,10 @@
 """The node agent's ordered outbox, and which of its queued inputs go out together in a batch.
 
 Everything the agent sends goes through the outbox: an input whose ``send`` raises stays at the head and
-is sent again (with back-off) before anything later, so reports arrive in order and none is lost while
-the agent runs (the scheduler treats reports idempotently). While it retries a failed send the link
-counts as down (``Outbox.link_down``), which is what holds the agent's heartbeats back.
+is sent again (with back-off, ``support.retry``) before anything later, so reports arrive in order and
+none is lost while the agent runs (the scheduler treats reports idempotently). While it retries a
+failed send the link counts as down (``Outbox.link_down``), which is what holds the agent's heartbeats
+back.
 
 With ``send_many`` the outbox sends its head in batches (``head_batch``). A batch is sent at once (the
 embedded shell records it in one group commit), and when one input of it fails, those after it may have
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuquota.support.ids import uuid7
+from gpuquota.support.retry import Backoff, Failure
 from gpuquota.wire.inputs import AttemptReport, SchedulerInput
 
 log = logging.getLogger(__name__)
@@ -87,38 +89,37 @@ class Outbox:
             await asyncio.sleep(0.01)
 
     async def run(self) -> None:
-        delay = self.retry_seconds
+        backoff = Backoff(SendFailed, initial=self.retry_seconds, longest=self.max_retry_seconds)
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self.queued:
-                self._sending = True
-                try:
-                    head = head_batch(self.queued) if self.send_many else [self.queued[0]]
-                    await self.before_send()  # covers the head: reports queued meanwhile wait
-                    failure = await self._send_head(head)
-                finally:
-                    self._sending = False
-                if failure is not None:
-                    self.failures += 1
-                    self.link_down = True
-                    log.warning("send failed (%s); retrying in %.2f s", failure, delay)
-                    await asyncio.sleep(delay)  # back-off before the retry
-                    delay = min(delay * 2, self.max_retry_seconds)
-                    continue
-                delay = self.retry_seconds
+                await backoff.call(self._send_head, failed=self._send_failed)
 
-    async def _send_head(self, head: list[SchedulerInput]) -> BaseException | None:
-        """Sends the head (a batch with ``send_many``); returns the first failure (sent again)."""
+    async def _send_head(self) -> None:
+        """Sends the head once (a batch with ``send_many``); ``SendFailed`` names the first failure,
+        sent again with what follows it."""
+        self._sending = True
         try:
-            failures = await self.send_many(head) if self.send_many else (await self.send(head[0]),)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return exc
-        for failure in failures:
-            if isinstance(failure, BaseException):
-                return failure
-            self.link_down = False
-            self.delivered(self.queued.popleft())
-        return None
+            head = head_batch(self.queued) if self.send_many else [self.queued[0]]
+            await self.before_send()  # covers the head: reports queued meanwhile wait
+            try:
+                failures = await self.send_many(head) if self.send_many else (await self.send(head[0]),)
+            except Exception as exc:
+                raise SendFailed(exc) from exc
+            for failure in failures:
+                if isinstance(failure, BaseException):
+                    raise SendFailed(failure) from failure
+                self.link_down = False
+                self.delivered(self.queued.popleft())
+        finally:
+            self._sending = False
+
+    def _send_failed(self, failure: Failure) -> None:
+        self.failures += 1
+        self.link_down = True
+        log.warning("send failed (%s); retrying in %.2f s", failure.error, failure.delay)
+
+
+class SendFailed(Exception):
+    """A send of the outbox's head did not all go; the message is the first failure's (retried)."""

@@ -3,9 +3,9 @@
 A misspelt variable (``..._PROT`` for ``..._PORT``) used to be ignored silently:
 :func:`unknown_variables` names each unknown variable with the closest known one. An unreachable
 Kafka or PostgreSQL at start-up used to end in a long traceback: :func:`wait_for` retries each address
-with back-off, saying so in one line per try, and :func:`run_service` turns a dependency that stays
-unreachable into one line on stderr naming the address and exit code :data:`EXIT_UNREACHABLE`, without
-a traceback.
+with the one back-off policy (``support.retry``), saying so in one line per try, and
+:func:`run_service` turns a dependency that stays unreachable into one line on stderr naming the
+address and exit code :data:`EXIT_UNREACHABLE`, without a traceback.
 
 Shutdown: a service's stop is one ``await`` (:func:`drain`); one that takes longer than
 :data:`SLOW_DRAIN_SECONDS` logs what it waits for (the chain of awaits it is parked in: an append
@@ -29,7 +29,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
-from gpuquota.config.settings import ENV_PREFIX, SERVICE_SETTINGS
+from gpuquota.config.environ import ENV_PREFIX
+from gpuquota.config.settings import SERVICE_SETTINGS
+from gpuquota.support.retry import Backoff, Failure
 
 T = TypeVar("T")
 
@@ -121,29 +123,37 @@ async def wait_for(
     max_delay: float = 5.0,
     connect: Callable[[str, int, float], Awaitable[None]] = _connect,
 ) -> None:
-    """Wait until one of ``addresses`` accepts a TCP connection, retrying with back-off for at most
-    ``timeout`` seconds; then raise :class:`Unreachable`."""
+    """Wait until one of ``addresses`` accepts a TCP connection, retrying with back-off
+    (:class:`~gpuquota.support.retry.Backoff`, one line per try) for at most ``timeout`` seconds;
+    then raise :class:`Unreachable`."""
     deadline = time.monotonic() + timeout
-    delay = first_delay
     shown = ", ".join(f"{host}:{port}" for host, port in addresses)
-    while True:
-        problems = []
+
+    async def reach_one() -> None:
+        problem = ""
         for host, port in addresses:
             try:
                 await connect(host, port, min(3.0, max(0.1, deadline - time.monotonic())))
                 return
             except (OSError, TimeoutError) as exc:
-                problems.append(_reason(exc))
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise Unreachable(f"cannot reach {what} at {shown} after {timeout:g} s: {problems[-1]}")
-        wait = min(delay, left)
+                problem = _reason(exc)
+        raise _NoAnswer(problem)
+
+    def say(failure: Failure) -> None:
         print(
-            f"{prog}: {what} at {shown} unreachable ({problems[-1]}); retrying in {wait:.1f} s",
+            f"{prog}: {what} at {shown} unreachable ({failure.error}); retrying in {failure.delay:.1f} s",
             file=sys.stderr,
         )
-        await asyncio.sleep(wait)  # back-off before the next try
-        delay = min(delay * 2, max_delay)
+
+    backoff = Backoff(_NoAnswer, initial=first_delay, longest=max_delay, bound=timeout)
+    try:
+        await backoff.call(reach_one, failed=say)
+    except _NoAnswer as exc:
+        raise Unreachable(f"cannot reach {what} at {shown} after {timeout:g} s: {exc}") from None
+
+
+class _NoAnswer(Exception):
+    """No address of a dependency accepted a connection this try; the message says why (the last's)."""
 
 
 def _reason(exc: BaseException) -> str:
