@@ -64,11 +64,10 @@ from gpuquota.config.kafka import PLAINTEXT, KafkaSecurity
 from gpuquota.core.policy import DEFAULT_POLICY
 from gpuquota.observe.metrics import Timings
 from gpuquota.scheduler.faust_transport import Inbox, SchedulerApp
-from gpuquota.scheduler.loop import JobStateRecord
+from gpuquota.scheduler.loop import JobStateRecord, LoopFailed, RetryPolicy
 from gpuquota.scheduler.pipeline import Outcome, Pipeline, PipelineFailed, PipelineSettings
 from gpuquota.scheduler.records import SourceRecord
 from gpuquota.scheduler.rewind import rewind_assigned
-from gpuquota.support.retry import Backoff, Failure
 from gpuquota.wire import events as ev
 from gpuquota.wire.dead_letters import DeadLetter
 from gpuquota.wire.input_results import InputResult
@@ -206,24 +205,18 @@ def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
 
 
 async def connect_store(url: str, retry_seconds: float) -> EventStore:
-    """A ``PostgresEventStore``, retrying while the database is unreachable (``support.retry``) for at
-    most ``retry_seconds``: at start-up a database that never answers is a configuration error, raised
-    as its last ``TransientStoreError``."""
+    """A ``PostgresEventStore``, retrying while the database is unreachable (the loop's
+    ``RetryPolicy``, bounded: at start-up a database that never answers is a configuration error,
+    raised as its last ``TransientStoreError``)."""
     from gpuquota.adapters.postgres_store import PostgresEventStore
 
-    def unavailable(failure: Failure) -> None:
-        if failure.attempt == 1:  # once, not at every try
-            log.warning(
-                "database: store unavailable (%s); retrying, deciding nothing meanwhile", failure.error
-            )
-
-    def available(failures: int) -> None:
-        log.warning("database: store available again after %d failed tries", failures)
-
-    backoff = Backoff(TransientStoreError, initial=0.1, longest=2.0, bound=retry_seconds)
-    return await backoff.call(
-        lambda: PostgresEventStore.connect(url), failed=unavailable, recovered=available
-    )
+    policy = RetryPolicy(retry_seconds, initial=0.1, warn=log.warning)
+    try:
+        return await policy.call(lambda: PostgresEventStore.connect(url), "database")
+    except LoopFailed as exc:
+        if isinstance(exc.__cause__, TransientStoreError):
+            raise exc.__cause__ from None
+        raise
 
 
 class SchedulerService:

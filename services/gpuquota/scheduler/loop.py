@@ -42,7 +42,6 @@ positions, skipped and duplicate records, dead letters and snapshots at exact se
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +57,7 @@ from gpuquota.adapters.event_store import (
 )
 from gpuquota.core import ClusterState, decide, evolve, step
 from gpuquota.scheduler.commands import node_commands
+from gpuquota.support.retry import Backoff, Failure
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
 from gpuquota.wire.events import SchedulerEvent
@@ -310,39 +310,36 @@ class RetryPolicy:
     """Called on every ``TransientStoreError`` (statistics)."""
 
     async def call(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
-        """``call()``, retried with back-off while the store is unreachable (``TransientStoreError``),
-        deciding nothing meanwhile, for at most ``seconds``; then ``LoopFailed``."""
-        delay = self.initial
-        deadline: float | None = time.monotonic() + self.seconds
-        failed = 0
-        while True:
-            try:
-                result = await call()
-                if failed and not self.available and self.warn is not None:
-                    self.warn(f"{what}: store available again after {failed} failed tries")
-                self.available = True
-                return result
-            except TransientStoreError as exc:
-                failed += 1
-                deadline = self._unavailable(exc, deadline, what)
-                await asyncio.sleep(delay)  # back-off before retrying
-                delay = min(delay * 2, self.longest)
+        """``call()``, retried with back-off (``support.retry``) while the store is unreachable
+        (``TransientStoreError``), deciding nothing meanwhile, for at most ``seconds``; then
+        ``LoopFailed``, or with ``give_up`` False, retried on at the longest back-off."""
 
-    def _unavailable(self, exc: TransientStoreError, deadline: float | None, what: str) -> float | None:
-        """Count and report the failed try; the deadline left (None: passed, retrying on)."""
-        self.errors += 1
-        if self.on_error is not None:
-            self.on_error()
-        if self.available and self.warn is not None:
-            self.warn(f"{what}: store unavailable ({exc}); retrying, deciding nothing meanwhile")
-        self.available = False
-        if deadline is None or time.monotonic() <= deadline:
-            return deadline
-        if self.give_up:
-            raise LoopFailed(f"{what}: store unavailable for {self.seconds:g} s") from exc
-        if self.warn is not None:
-            self.warn(f"{what}: store unavailable for {self.seconds:g} s ({exc}); not ready, still retrying")
-        return None
+        def failed(failure: Failure) -> None:
+            self.errors += 1
+            if self.on_error is not None:
+                self.on_error()
+            if self.available and self.warn is not None:
+                error = failure.error
+                self.warn(f"{what}: store unavailable ({error}); retrying, deciding nothing meanwhile")
+            self.available = False
+
+        def recovered(failures: int) -> None:
+            if self.warn is not None:
+                self.warn(f"{what}: store available again after {failures} failed tries")
+
+        bounded = Backoff(TransientStoreError, self.initial, self.longest, bound=self.seconds)
+        try:
+            result = await bounded.call(call, failed=failed, recovered=recovered)
+        except TransientStoreError as exc:
+            if self.give_up:
+                raise LoopFailed(f"{what}: store unavailable for {self.seconds:g} s") from exc
+            if self.warn is not None:
+                waited = f"{self.seconds:g} s"
+                self.warn(f"{what}: store unavailable for {waited} ({exc}); not ready, still retrying")
+            unbounded = Backoff(TransientStoreError, self.longest, self.longest)
+            result = await unbounded.call(call, failed=failed, recovered=recovered)
+        self.available = True
+        return result
 
 
 class Appender:

@@ -1,8 +1,8 @@
 """The one back-off policy: how gpuquota waits for a dependency that does not answer (tenacity).
 
 Every wait on an unreachable dependency is a :class:`Backoff` run by tenacity: the start-up checks
-(``observe.startup.wait_for``: a TCP connection to Kafka or PostgreSQL), the scheduler's first
-connection to its event store (``scheduler.faust_app.connect_store``), the gateway's tail of the log
+(``observe.startup.wait_for``: a TCP connection to Kafka or PostgreSQL), the scheduler's store calls
+(``scheduler.loop.RetryPolicy``: its appends, reads and first connection), the gateway's tail of the log
 (``gateway.log_tail.LogProjector.run``) and a node agent's outbox (``node_agent.agent``). A policy
 says, and only it says:
 
