@@ -62,7 +62,11 @@ async def test_kill_9_node_agent_jobs_move_and_the_orphan_is_fenced(
 
     second = await apoll(lambda: jobs.marker("moved", 2, "start"), 60, "moved to run again")
     assert second["node"] == survivor and second["attempt_id"] != first["attempt_id"]
-    assert await asyncio.to_thread(status, batch, moved) == "RUNNING"
+
+    async def moved_running() -> bool:  # its start marker can precede the RUNNING report's projection
+        return await asyncio.to_thread(status, batch, moved) == "RUNNING"
+
+    await apoll(moved_running, 30, "moved to be RUNNING again")
 
     events = await cluster.events()
     (lost,) = [e for e in events if isinstance(e, ev.NodeLost)]
