@@ -27,16 +27,26 @@ ACTIONS = {
 }
 
 
-def add_share_actions(sub: Any) -> list[argparse.ArgumentParser]:
-    """``disable``, ``enable`` and ``delete`` under ``gpuquota shares``."""
+def _add_actions(
+    sub: Any, resource: str, name: str, name_help: str, delete_note: str = ""
+) -> list[argparse.ArgumentParser]:
+    """``disable``, ``enable`` and ``delete``, each naming the ``resource`` by the argument ``name``."""
     parsers = []
     for action, what in ACTIONS.items():
-        p = sub.add_parser(action, help=f"{action} a quota share ({what})")
-        p.add_argument("share", metavar="SHARE", help="quota share name")
+        note = delete_note if action == "delete" else ""
+        p = sub.add_parser(action, help=f"{action} a {resource} ({what}{note})")
+        p.add_argument(name, metavar=name.upper(), help=name_help)
+        parsers.append(p)
+    return parsers
+
+
+def add_share_actions(sub: Any) -> list[argparse.ArgumentParser]:
+    """``disable``, ``enable`` and ``delete`` under ``gpuquota shares``."""
+    parsers = _add_actions(sub, "quota share", "share", "quota share name")
+    for p in parsers:
         p.add_argument(
             "--queue", default=argparse.SUPPRESS, help="its job queue (needed if the name is in two)"
         )
-        parsers.append(p)
     return parsers
 
 
@@ -113,12 +123,7 @@ def _say(
 def configure_queues(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
     listing = sub.add_parser("list", help="list job queues (the default)")
-    actions = []
-    for action, what in ACTIONS.items():
-        extra = "; deletes its quota shares" if action == "delete" else ""
-        p = sub.add_parser(action, help=f"{action} a job queue ({what}{extra})")
-        p.add_argument("queue", metavar="QUEUE", help="job queue name or ARN")
-        actions.append(p)
+    actions = _add_actions(sub, "job queue", "queue", "job queue name or ARN", "; deletes its quota shares")
     for p in (parser, listing, *actions):
         add_common(p)
 
