@@ -119,14 +119,15 @@ def _start(ms: int | None, at: int) -> str:
 
 
 def _moved(row: dict[str, Any]) -> str:
-    """``12 min later``, ``1.5 h earlier``; ``-`` when one side has no start."""
+    """``0.4 s later``, ``12 min later``, ``1.5 h earlier``; ``-`` when one side has no start."""
     moved = row["movedSeconds"]
     if moved is None:
         return "-"
     size = abs(moved)
-    amount = (
-        f"{size:.0f} s" if size < 120 else f"{size / 60:.0f} min" if size < 7200 else f"{size / 3600:.1f} h"
-    )
+    if size < 120:
+        amount = f"{size:.1f} s" if size < 10 else f"{size:.0f} s"
+    else:
+        amount = f"{size / 60:.0f} min" if size < 7200 else f"{size / 3600:.1f} h"
     return f"{amount} {'later' if moved >= 0 else 'earlier'}"
 
 
