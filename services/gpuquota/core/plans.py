@@ -114,19 +114,28 @@ def delete(ctx: Context, m: inp.DeleteTrainingPlan) -> bool:
 
 
 def advance(ctx: Context) -> None:
-    """Record the windows that closed or opened by ``ctx.now`` (plans in name order)."""
+    """Record the windows that closed or opened by ``ctx.now`` (plans in name order).
+
+    An open window closes only once ``now`` has passed its closing time (or the plan no longer lists
+    it): an input stamped earlier than the one that opened it (clocks of several writers) keeps it open.
+    """
     state, now = ctx.state, ctx.now
     for name in sorted(state.plans):
         plan = state.plans[name]
         current = state.plan_windows.get(name)
+        if current is not None:
+            listed = next((w for w in plan.windows if w.start == current[0]), None)
+            if listed is None or now >= closes_at(plan, listed.start, listed.end):
+                _close(ctx, plan, current, "window ended")
+                current = None
+            elif listed.end != current[1]:  # the plan gave the open window another end
+                ctx.emit(ev.TrainingPlanWindowOpened, plan=name, start=listed.start, end=listed.end)
+                continue
+            else:
+                continue
         wanted = window_at(plan, now)
-        target = None if wanted is None else (wanted.start, wanted.end)
-        if current == target:
-            continue
-        if current is not None and (target is None or target[0] != current[0]):
-            _close(ctx, plan, current, "window ended")
-        if target is not None:  # a window opens, or the open one was given another end
-            ctx.emit(ev.TrainingPlanWindowOpened, plan=name, start=target[0], end=target[1])
+        if wanted is not None:
+            ctx.emit(ev.TrainingPlanWindowOpened, plan=name, start=wanted.start, end=wanted.end)
 
 
 def _close(ctx: Context, plan: TrainingPlanSpec, window: tuple[int, int], why: str) -> None:
