@@ -7,6 +7,7 @@ opens and closes when the test says, in embedded and distributed mode alike.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.request
@@ -77,6 +78,10 @@ def opened(stack: Stack, is_open: bool) -> dict[str, Any]:
     return plan if (plan["openWindow"] is not None) is is_open else {}
 
 
+def has_status(batch: Any, job_id: str, wanted: str) -> bool:
+    return status(batch, job_id) == wanted
+
+
 def stopping(stack: Stack, job_id: str) -> bool:
     return stack.state.jobs[job_id].stop is not None
 
@@ -118,10 +123,10 @@ def test_a_window_opens_its_jobs_start_and_its_end_requeues_them(stack: Stack) -
     assert all(stack.state.jobs[j].stop is None for j in jobs[1:])
     tick_at(stack, end - GRACE * 1000)
     for job_id in jobs[1:]:
-        wait_for(lambda: stopping(stack, job_id), timeout=20)
+        wait_for(functools.partial(stopping, stack, job_id), timeout=20)
         stack.report(job_id, "STOPPED")
     for job_id in jobs[1:]:
-        wait_for(lambda: status(batch, job_id) == "RUNNABLE", timeout=20)
+        wait_for(functools.partial(has_status, batch, job_id, "RUNNABLE"), timeout=20)
         described = batch.describe_service_job(jobId=job_id)
         assert described["statusReason"] == ENDED
         assert described["preemptionSummary"]["preemptedAttemptCount"] == 1
