@@ -346,14 +346,21 @@ def place(
     ctx: Context, pool: str, unit: str, count: int, avoid: Collection[str] = ()
 ) -> tuple[Placement, ...] | None:
     """S6: ``count`` slots at once or none; fullest nodes first (keeps whole nodes free), then node id;
-    never on the nodes in ``avoid`` (a borrower and a plan window that would close on it, S11)."""
+    never on the nodes in ``avoid`` (a borrower and a plan window that would close on it, S11). While
+    a training plan's window is open, its nodes come after the others: its capacity is taken last, so
+    that its end stops as few jobs as it can (S11)."""
     state = ctx.state
     index = state.free_index.get((pool, unit))
     if index is None:
         return None
+    nodes: list[tuple[int, str]] = index
+    if state.plan_windows:
+        planned = [entry for entry in index if state.nodes[entry[1]].training_plan is not None]
+        if planned:
+            nodes = [entry for entry in index if state.nodes[entry[1]].training_plan is None] + planned
     placements = []
     remaining = count
-    for _, node_id in index:
+    for _, node_id in nodes:
         if avoid and node_id in avoid:
             continue
         node = state.nodes[node_id]
