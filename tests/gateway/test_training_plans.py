@@ -116,6 +116,12 @@ def test_a_window_opens_its_jobs_start_and_its_end_requeues_them(stack: Stack) -
     for job_id in jobs[1:]:
         stack.report(job_id, "STARTING")
         stack.report(job_id, "RUNNING")
+    # The console: the plan's allocation on QS1's bar, its table, and its window on a job's timeline.
+    _, _, overview = get(stack, "/console/api/overview")
+    (qs1,) = [row for row in overview["shares"] if row["quotaShareName"] == "QS1"]
+    assert qs1["planned"] == {G5: 2} and overview["plans"][0]["trainingPlanName"] == "p1"
+    _, _, page = get(stack, f"/console/api/jobs/{jobs[1]}")
+    assert page["planWindows"] == [{"trainingPlanName": "p1", "start": start, "end": end, "count": 2}]
 
     # A grace period before the end, the plan's jobs are stopped (SIGTERM, then SIGKILL after the
     # grace) and requeued with the plan's reason once their node reports them stopped (a tick a

@@ -120,6 +120,27 @@ class PlanTable:
             if name == plan:
                 self.running[job_id] = (name, gpus, at)
 
+    def allocated(self, job_queue: str, share: str) -> dict[str, int]:
+        """Per unit: what plans with an open window allocate to the share now (its limit's rise)."""
+        out: dict[str, int] = {}
+        for view in self.plans.values():
+            if view.open is None:
+                continue
+            for a in view.spec.allocations:
+                if (a.job_queue, a.quota_share) == (job_queue, share):
+                    out[view.spec.unit] = out.get(view.spec.unit, 0) + a.count
+        return out
+
+    def windows_of(self, environment: str, unit: str, start: int, end: int) -> list[dict[str, Any]]:
+        """The windows of the environment's plans for ``unit`` that overlap ``[start, end)``."""
+        return [
+            {"trainingPlanName": name, "start": w.start, "end": w.end, "count": view.spec.count}
+            for name, view in sorted(self.plans.items())
+            if view.spec.service_environment == environment and view.spec.unit == unit
+            for w in view.spec.windows
+            if w.start < end and w.end > start
+        ]
+
     def instance_gpus(self, plan: str) -> int:
         """GPUs of one instance of the plan: its nodes' slots' (1 without a node)."""
         return max((g for node, g in self.node_gpus.items() if self.node_plan.get(node) == plan), default=1)
