@@ -124,7 +124,8 @@ def test_apply_shares_into_an_existing_queue(stack: StackThread, cli: Cli, tmp_p
         ("- a\n- b\n", "expected a mapping with schedulingPolicy, serviceEnvironment, ..."),
         (
             "schedulingPolicy: {name: p}\nfoo: 1\n",
-            "unknown key foo (expected one of: schedulingPolicy, serviceEnvironment, jobQueue, quotaShares)",
+            "unknown key foo (expected one of: schedulingPolicy, serviceEnvironment, jobQueue, quotaShares, "
+            "trainingPlans)",
         ),
         (
             "jobQueue: {name: q, priorty: 1, schedulingPolicy: p, serviceEnvironment: s}\n",

@@ -35,10 +35,18 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from gpuquota.core import ClusterState, decide, evolve, fingerprint, replay
 from gpuquota.core.hygiene import MAX_DOUBLINGS, MIN_RUNTIME_TAG, REBORROW_BACKOFF_TAG, protected_until
+from gpuquota.core.plans import STOP_AT_PLAN_END_TAG
 from gpuquota.core.state import JobRecord, ShareKey
 from gpuquota.wire import events as ev
 from gpuquota.wire import inputs as inp
-from gpuquota.wire.base import QuotaShareSpec, SlotOffer, Strategy
+from gpuquota.wire.base import (
+    PlanAllocation,
+    PlanWindow,
+    QuotaShareSpec,
+    SlotOffer,
+    Strategy,
+    TrainingPlanSpec,
+)
 from gpuquota.wire.events import EVENT_ADAPTER
 from tests.builders import G5, P4, Harness, ShareBuilder, job, share
 
@@ -81,12 +89,24 @@ def used(state: ClusterState, key: ShareKey, unit: str) -> int:
     return sum(j.count for j in state.jobs.values() if j.share == key and j.unit == unit and j.attempt_id)
 
 
-def limit_of(spec: QuotaShareSpec, unit: str) -> int:
-    return spec.limit(unit) or 0
+def limit_of(spec: QuotaShareSpec, unit: str, state: ClusterState | None = None) -> int:
+    """L(s,u): the spec's limit, plus what training plans with an open window allocate (S11)."""
+    own = spec.limit(unit) or 0
+    if state is None or own == 0:
+        return own
+    for name in state.plan_windows:
+        plan = state.plans[name]
+        if plan.unit == unit:
+            own += sum(
+                a.count
+                for a in plan.allocations
+                if (a.job_queue, a.quota_share) == (spec.job_queue, spec.name)
+            )
+    return own
 
 
-def max_of(spec: QuotaShareSpec, unit: str) -> int | None:
-    own = limit_of(spec, unit)
+def max_of(spec: QuotaShareSpec, unit: str, state: ClusterState | None = None) -> int | None:
+    own = limit_of(spec, unit, state)
     if spec.strategy is not Strategy.LEND_AND_BORROW:
         return own
     return None if spec.borrow_limit == -1 else own + own * spec.borrow_limit // 100
@@ -96,10 +116,11 @@ def capacity(state: ClusterState, unit: str) -> int:
     """C(u) for the only SE: its limit, bounded by the slots of online, non-draining nodes."""
     (environment,) = state.environments.values()
     limit = next((c.max_capacity for c in environment.capacity_limits if c.unit == unit), 0)
+    limit += sum(state.plans[name].count for name in state.plan_windows if state.plans[name].unit == unit)
     slots = sum(
         1
         for n in state.nodes.values()
-        if n.online and not n.draining
+        if n.online and not n.draining and (n.training_plan is None or n.training_plan in state.plan_windows)
         for slot in n.slots
         if slot.unit == unit
     )
@@ -109,7 +130,7 @@ def capacity(state: ClusterState, unit: str) -> int:
 def reserved(state: ClusterState, unit: str, exclude: ShareKey | None = None) -> int:
     """R(u), optionally without one share's own reserve."""
     return sum(
-        max(0, limit_of(s.spec, unit) - used(state, key, unit))
+        max(0, limit_of(s.spec, unit, state) - used(state, key, unit))
         for key, s in state.shares.items()
         if s.spec.strategy is Strategy.RESERVE and key != exclude
     )
@@ -146,6 +167,8 @@ class CheckedHarness(Harness):
                 assert node.usable, event
                 for slot in placement.slots:
                     assert node.slots[slot].unit == record.unit and slot in node.free[record.unit], event
+        elif isinstance(event, ev.JobPreempted) and event.kind == "TRAINING_PLAN":
+            check_plan_stop(state, event)
         elif isinstance(event, ev.JobPreempted):
             victim = state.jobs[event.job_id]
             preemptor = state.jobs[event.preemptor_job_id]
@@ -157,7 +180,7 @@ class CheckedHarness(Harness):
                 spec = state.shares[victim.share].spec
                 assert victim.share != preemptor.share, event
                 net = used(state, victim.share, victim.unit) - self.removed[key]
-                assert net > limit_of(spec, victim.unit), f"victim share not borrowing: {event}"
+                assert net > limit_of(spec, victim.unit, state), f"victim share not borrowing: {event}"
                 self.removed[key] += victim.count
             else:
                 assert victim.share == preemptor.share and victim.priority < preemptor.priority, event
@@ -173,8 +196,48 @@ class CheckedHarness(Harness):
             total = sum(used(state, key, unit) for key in state.shares)
             others = reserved(state, unit, exclude=record.share)
             assert total + others <= capacity(state, unit), f"S2.4: other shares' reserve used by {event}"
-            own, most = used(state, record.share, unit), max_of(spec, unit)
+            own, most = used(state, record.share, unit), max_of(spec, unit, state)
             assert most is None or own <= most, f"S7.4 broken by {event}"
+            if event.phase == "BORROW":
+                check_borrower_fits_plan(state, record, event)
+
+
+def check_plan_stop(state: ClusterState, event: ev.JobPreempted) -> None:
+    """S11: a plan's stop hits a job on the plan's nodes, once its window closes to new work."""
+    victim = state.jobs[event.job_id]
+    assert victim.attempt_id == event.attempt_id and victim.stop is None, event
+    plans = {n for p in victim.placements if (n := state.nodes[p.node_id].training_plan) is not None}
+    assert len(plans) >= 1, f"a plan stopped a job on no plan's node: {event}"
+    assert any(event.status_reason.startswith(f"Preempted (training plan {name} ") for name in plans), event
+    for name in plans:
+        window, plan = state.plan_windows.get(name), state.plans.get(name)
+        if window is not None and plan is not None:
+            closes = max(window[0], window[1] - plan.grace_seconds * 1000)
+            if event.status_reason.endswith("window ended)"):
+                assert event.occurred_at >= closes, f"stopped before the window closes: {event}"
+
+
+def check_borrower_fits_plan(state: ClusterState, record: JobRecord, event: ev.JobDispatched) -> None:
+    """S11: a borrower on a plan's node ends before the window closes, or its share opted in."""
+    if state.shares[record.share].spec.tags.get(STOP_AT_PLAN_END_TAG) == "true":
+        return
+    for placement in event.placements:
+        name = state.nodes[placement.node_id].training_plan
+        if name is None:
+            continue
+        window, plan = state.plan_windows[name], state.plans[name]
+        closes = max(window[0], window[1] - plan.grace_seconds * 1000)
+        duration = record.attempt_duration_seconds
+        assert duration is not None and event.occurred_at + duration * 1000 <= closes, event
+
+
+def check_plan_nodes(state: ClusterState) -> None:
+    """S11: nothing runs on a plan's node outside its windows unless it is being stopped."""
+    for record in state.jobs.values():
+        for placement in record.placements:
+            name = state.nodes[placement.node_id].training_plan
+            if name is not None and name not in state.plan_windows:
+                assert record.stop is not None, f"{record.job_id} runs on closed plan {name}'s node"
 
 
 def check_nodes(state: ClusterState) -> None:
@@ -381,6 +444,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.h.state
         check_nodes(state)
         check_jobs(state)
+        check_plan_nodes(state)
         assert fingerprint(self.h.shadow) == fingerprint(state), "JSON-fed shadow state differs"
 
     @invariant()
@@ -433,12 +497,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             if head is None:
                 continue
             unit, k, spec = head.unit, head.count, s.spec
-            most = max_of(spec, unit)
-            fits_share = k <= limit_of(spec, unit) or (
+            most = max_of(spec, unit, state)
+            fits_share = k <= limit_of(spec, unit, state) or (
                 spec.strategy is Strategy.LEND_AND_BORROW and (most is None or k <= most)
             )
             others = sum(
-                limit_of(r.spec, unit)
+                limit_of(r.spec, unit, state)
                 for other, r in state.shares.items()
                 if other != key and r.spec.strategy is Strategy.RESERVE
             )
@@ -491,3 +555,69 @@ HygieneMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestSchedulerInvariantsWithHygiene = HygieneMachine.TestCase
+
+
+PLAN_NODE = "np"
+PLAN_WINDOWS = tuple(
+    PlanWindow(start=1_010_000 + k * 90_000, end=1_010_000 + k * 90_000 + 60_000) for k in range(40)
+)
+"""Windows of 60 s every 90 s from 10 s after the harness's start: the machine's steps of time (1 s,
+20 s, 61 s, 38 s) land both inside and outside them, and across their closing."""
+
+
+class PlanMachine(SchedulerMachine):
+    """S11: a training plan with a node of its own; S7's invariants hold with its windows."""
+
+    setup = None  # type: ignore[assignment]  # replaced by ``setup_with_plan``
+
+    @initialize(
+        configs=st.lists(share_configs, min_size=2, max_size=4),
+        hygiene=st.lists(hygiene_configs, min_size=4, max_size=4),
+        opt_in=st.booleans(),
+        allocation=st.integers(0, 2),
+    )
+    def setup_with_plan(
+        self,
+        configs: list[tuple[Strategy, int, int, int, bool]],
+        hygiene: list[tuple[int, int]],
+        opt_in: bool,
+        allocation: int,
+    ) -> None:
+        SchedulerMachine.setup(self, configs, hygiene)
+        h = self.h
+        slots = (SlotOffer(unit=G5, gpus=(20,)), SlotOffer(unit=G5, gpus=(21,)))
+        h.feed(inp.RegisterNode, node_id=PLAN_NODE, slots=slots, training_plan="tp")
+        if opt_in:
+            self.specs[0].tag(STOP_AT_PLAN_END_TAG, "true")
+            h.share(self.specs[0])
+        allocations = (
+            () if allocation == 0 else (PlanAllocation(job_queue="jq", quota_share="S0", count=allocation),)
+        )
+        plan = TrainingPlanSpec(
+            name="tp",
+            service_environment="se",
+            unit=G5,
+            count=2,
+            windows=PLAN_WINDOWS,
+            allocations=allocations,
+            grace_seconds=5,
+        )
+        h.feed(inp.PutTrainingPlan, spec=plan)
+        assert "tp" in h.state.plans
+
+    def teardown(self) -> None:
+        """S7.7 is about capacity that stays: the plan's goes with its window, so delete it first."""
+        if self.h.state.shares and "tp" in self.h.state.plans:
+            self.h.feed(inp.DeleteTrainingPlan, name="tp")
+        super().teardown()
+
+
+PlanMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestSchedulerInvariantsWithPlans = PlanMachine.TestCase

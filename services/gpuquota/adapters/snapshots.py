@@ -23,7 +23,7 @@ from gpuquota.adapters.event_store import EventStoreError
 from gpuquota.core import ClusterState
 from gpuquota.native import loader as _native
 
-SNAPSHOT_SCHEMA_VERSION = 10
+SNAPSHOT_SCHEMA_VERSION = 11
 
 COMPILED_FLAG = 0x8000
 """Set in the header's version by the compiled core (``gpuquota.native.loader``): mypyc's classes pickle

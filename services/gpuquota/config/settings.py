@@ -80,6 +80,8 @@ GPUQUOTA_IMAGE_MAP             the ``container`` runtime's image rewrites, ``fro
                                maps every tag (docs/runtimes.md)
 GPUQUOTA_ADVERTISE_ADDRESS     how other nodes reach this one (attempts spread over     node-agent
                                nodes; default: the host name)
+GPUQUOTA_TRAINING_PLAN         the training plan the node belongs to (S11): its slots   node-agent
+                               are used only in the plan's windows
 GPUQUOTA_S3_ENDPOINT_URL       S3-compatible endpoint of the jobs' data (channels,      node-agent
                                checkpoints, model.tar.gz); unset: no S3, outputs stay
 GPUQUOTA_S3_REGION             region the S3 requests are signed for (us-east-1)        node-agent
@@ -244,9 +246,9 @@ class NodeAgentSettings(KafkaClientSettings, S3Settings):
     GPUQUOTA_HEARTBEAT_SECONDS,
     GPUQUOTA_DATA_DIR, GPUQUOTA_LOGS_PORT, GPUQUOTA_LOGS_HOST, GPUQUOTA_NODE_TOKEN_FILE, GPUQUOTA_NODE_TOKEN,
     GPUQUOTA_ALLOW_UNAUTHENTICATED, GPUQUOTA_METRICS_PORT, GPUQUOTA_TOPIC_PREFIX, GPUQUOTA_LOG_LEVEL,
-    GPUQUOTA_ADVERTISE_ADDRESS and GPUQUOTA_S3_* (:class:`S3Settings`). ``runtime`` ``subprocess`` means
-    ``process`` and ``fake`` means ``simulated`` (see :attr:`runtime_kind`); ``data_dir`` is the agent's
-    work directory.
+    GPUQUOTA_ADVERTISE_ADDRESS, GPUQUOTA_TRAINING_PLAN and GPUQUOTA_S3_* (:class:`S3Settings`).
+    ``runtime`` ``subprocess`` means ``process`` and ``fake`` means ``simulated`` (see
+    :attr:`runtime_kind`); ``data_dir`` is the agent's work directory.
     """
 
     node_id: Name
@@ -270,6 +272,8 @@ class NodeAgentSettings(KafkaClientSettings, S3Settings):
     """Serve the log server off loopback without a node token (refused otherwise)."""
     advertise_address: Annotated[str, Field(max_length=256)] = ""
     """How the other nodes reach this one (attempts spread over nodes); empty: the host name."""
+    training_plan: Name | None = None
+    """The training plan the node belongs to (S11): its slots are usable only in the plan's windows."""
 
     @field_validator("image_map")
     @classmethod

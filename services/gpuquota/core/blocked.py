@@ -33,7 +33,7 @@ from typing import Final, cast
 
 from gpuquota.core.context import Context
 from gpuquota.core.lifecycle import JOB_TRANSITIONS
-from gpuquota.core.quota import environment_limit, share_max_usage
+from gpuquota.core.quota import environment_limit, max_usage, plans_could_add
 from gpuquota.core.state import LEND_AND_BORROW, RUNNABLE, ClusterState, JobRecord, ShareRecord
 from gpuquota.wire import events as ev
 from gpuquota.wire.base import ServiceEnvironmentSpec
@@ -88,13 +88,16 @@ def blocked(
     state: ClusterState, environment: ServiceEnvironmentSpec, share: ShareRecord, job: JobRecord
 ) -> Found | None:
     """The first bound the job's demand exceeds, with its figures and remedy; None if none."""
+    plans = plans_could_add(state, environment.name, share.key, job.unit)
     return (
-        _over_environment(environment, job) or _over_share(share, job) or _over_nodes(state, environment, job)
+        _over_environment(environment, job, plans[0])
+        or _over_share(share, job, plans[1])
+        or _over_nodes(state, environment, job, plans[2])
     )
 
 
-def _over_environment(environment: ServiceEnvironmentSpec, job: JobRecord) -> Found | None:
-    most = environment_limit(environment, job.unit)
+def _over_environment(environment: ServiceEnvironmentSpec, job: JobRecord, planned: int) -> Found | None:
+    most = environment_limit(environment, job.unit) + planned
     if job.count <= most:
         return None
     return (
@@ -105,8 +108,9 @@ def _over_environment(environment: ServiceEnvironmentSpec, job: JobRecord) -> Fo
     )
 
 
-def _over_share(share: ShareRecord, job: JobRecord) -> Found | None:
-    most = share_max_usage(share, job.unit)
+def _over_share(share: ShareRecord, job: JobRecord, planned: int) -> Found | None:
+    own = share.spec.limit(job.unit)
+    most = max_usage(share.spec, None if own is None else own + planned)
     if most is None or job.count <= most:
         return None
     name = share.key[1]
@@ -121,8 +125,10 @@ def _over_share(share: ShareRecord, job: JobRecord) -> Found | None:
     return QUOTA_MANAGEMENT_LIMIT_EXCEEDED, needs, fix, most
 
 
-def _over_nodes(state: ClusterState, environment: ServiceEnvironmentSpec, job: JobRecord) -> Found | None:
-    offered = state.pool_slots.get(environment.pool, {}).get(job.unit, 0)
+def _over_nodes(
+    state: ClusterState, environment: ServiceEnvironmentSpec, job: JobRecord, planned: int
+) -> Found | None:
+    offered = state.pool_slots.get(environment.pool, {}).get(job.unit, 0) + planned
     if job.count <= offered:
         return None
     return (

@@ -22,6 +22,7 @@ from gpuquota.wire.base import (
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
     SlotOffer,
+    TrainingPlanSpec,
 )
 from gpuquota.wire.events import SchedulerEvent
 from gpuquota.wire.fast_construct import fast_construct
@@ -39,6 +40,9 @@ _TOUCH_KIND: dict[type[Any], str] = {
     ev.ServiceEnvironmentChanged: _CONFIGURATION,
     ev.JobQueueChanged: _CONFIGURATION,
     ev.QuotaShareChanged: _CONFIGURATION,
+    ev.TrainingPlanChanged: _CONFIGURATION,
+    ev.TrainingPlanWindowOpened: _CONFIGURATION,
+    ev.TrainingPlanWindowClosed: _CONFIGURATION,
     ev.NodeRegistered: _NEW_NODE,
     ev.NodeDraining: _OLD_NODE,
     ev.NodeUndrained: _OLD_NODE,
@@ -177,13 +181,33 @@ class Context:
         preemptor_job_id: str,
         preemptor_share: str,
         victim_share: str,
-        kind: Literal["CROSS_SHARE", "IN_SHARE"],
+        kind: ev.PreemptionKind,
         status_reason: str,
         figures: ev.PreemptionFigures,
         victim_runtime_ms: int = ...,
         lost_ms: int = ...,
         lost_gpus: int = ...,
+        grace_seconds: float | None = ...,
     ) -> ev.JobPreempted: ...
+
+    @overload
+    def emit(
+        self,
+        event_type: type[ev.TrainingPlanChanged],
+        *,
+        spec: TrainingPlanSpec,
+        status: ev.ResourceStatus = ...,
+    ) -> ev.TrainingPlanChanged: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.TrainingPlanWindowOpened], *, plan: str, start: int, end: int
+    ) -> ev.TrainingPlanWindowOpened: ...
+
+    @overload
+    def emit(
+        self, event_type: type[ev.TrainingPlanWindowClosed], *, plan: str, start: int, end: int
+    ) -> ev.TrainingPlanWindowClosed: ...
 
     @overload
     def emit(
@@ -276,6 +300,7 @@ class Context:
         draining: bool = ...,
         address: str = ...,
         incarnation: str = ...,
+        training_plan: str | None = ...,
     ) -> ev.NodeRegistered: ...
 
     @overload

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuquota.core import checkpoints, nodes
+from gpuquota.core import checkpoints, nodes, plans
 from gpuquota.core.blocked import TIME_LIMIT_REASON, never_runnable
 from gpuquota.core.context import Context, EventHook
 from gpuquota.core.hygiene import tag_problem, timed_units
@@ -217,7 +217,7 @@ def _delete_queue(ctx: Context, m: inp.DeleteJobQueue) -> bool:
 def _share_problem(ctx: Context, spec: QuotaShareSpec) -> str | None:
     if spec.job_queue not in ctx.state.queues or spec.job_queue in ctx.state.queues_deleting:
         return f"Job queue {spec.job_queue} does not exist"
-    return tag_problem(spec.tags) or checkpoints.tag_problem(spec.tags)
+    return tag_problem(spec.tags) or checkpoints.tag_problem(spec.tags) or plans.tag_problem(spec.tags)
 
 
 @_handles(inp.CreateQuotaShare)
@@ -273,6 +273,10 @@ def _jobs_of_share(state: ClusterState, share: ShareRecord) -> list[JobRecord]:
     queued = [state.jobs[key[2]] for key in share.queue]
     dispatched = [state.jobs[job_id] for ids in share.dispatched.values() for job_id in ids]
     return queued + dispatched
+
+
+_handles(inp.PutTrainingPlan)(plans.put)
+_handles(inp.DeleteTrainingPlan)(plans.delete)
 
 
 # ----- jobs ------------------------------------------------------------------------------------
@@ -386,6 +390,7 @@ _handles(inp.DeregisterNode)(nodes.deregister)
 def _tick(ctx: Context, m: inp.Tick) -> bool:
     state, now = ctx.state, m.occurred_at
     nodes.expire_nodes(ctx, now)
+    plans.advance(ctx)  # S11: windows open and close with time
     for deadline, job_id, attempt_id in list(state.deadlines.until((now, "\uffff", "\uffff"))):
         job = state.jobs.get(job_id)
         if job is not None and job.attempt_id == attempt_id and job.stop is None and deadline <= now:

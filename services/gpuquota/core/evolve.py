@@ -11,6 +11,8 @@ from typing import Any, TypeVar, cast
 
 from gpuquota.core.hygiene import next_backoff
 from gpuquota.core.lifecycle import JOB_SOURCES, check_transition
+from gpuquota.core.pool_index import contribute, reindex, withdraw
+from gpuquota.core.quota import plan_allocations
 from gpuquota.core.state import (
     RUNNABLE,
     RUNNING,
@@ -110,11 +112,51 @@ def _share(state: ClusterState, event: ev.QuotaShareChanged) -> None:
         return
     share = state.shares.get(key)
     if share is None:
-        state.dict_set(state.shares, key, ShareRecord(state.journal_cell, event.spec))
+        share = ShareRecord(state.journal_cell, event.spec)
+        share.plan_extra = plan_allocations(state, key)
+        state.dict_set(state.shares, key, share)
         return
     share.put("spec", event.spec)
     if event.status == "DELETING":
         share.put("deleting", True)
+
+
+@_handles(ev.TrainingPlanChanged)
+def _plan(state: ClusterState, event: ev.TrainingPlanChanged) -> None:
+    _put_resource(state, state.plans, event.spec.name, event.spec, event.status)
+    _plan_limits(state)
+
+
+@_handles(ev.TrainingPlanWindowOpened)
+def _window_opened(state: ClusterState, event: ev.TrainingPlanWindowOpened) -> None:
+    _plan_window(state, event.plan, (event.start, event.end))
+
+
+@_handles(ev.TrainingPlanWindowClosed)
+def _window_closed(state: ClusterState, event: ev.TrainingPlanWindowClosed) -> None:
+    _plan_window(state, event.plan, None)
+
+
+def _plan_window(state: ClusterState, plan: str, window: tuple[int, int] | None) -> None:
+    """S11: a plan's nodes offer their slots, and its allocations count, only while a window is open."""
+    state.put("config_version", state.config_version + 1)
+    if window is None:
+        state.dict_pop(state.plan_windows, plan)
+    else:
+        state.dict_set(state.plan_windows, plan, window)
+    for node in state.nodes.values():
+        if node.training_plan == plan and node.plan_closed is (window is not None):
+            withdraw(state, node)
+            node.put("plan_closed", window is None)
+            contribute(state, node)
+    _plan_limits(state)
+
+
+def _plan_limits(state: ClusterState) -> None:
+    for share in state.shares.values():
+        extra = plan_allocations(state, share.key)
+        if extra != share.plan_extra:
+            share.put("plan_extra", extra)
 
 
 # ----- jobs ------------------------------------------------------------------------------------
@@ -142,16 +184,6 @@ def _dequeue(state: ClusterState, job: JobRecord, at: int) -> None:
     _refresh_head(state, share, at)
 
 
-def _reindex(state: ClusterState, node: NodeRecord, unit: str, before: int) -> None:
-    """Keep ``free_index`` in step with ``node.free[unit]`` (``before``: its size before the change)."""
-    index = state.child(state.free_index, (node.pool, unit), list)
-    if before:
-        state.list_discard(index, (before, node.node_id))
-    after = len(node.free.get(unit, ()))
-    if after and node.usable:
-        state.list_insort(index, (after, node.node_id))
-
-
 def _release(state: ClusterState, job: JobRecord) -> None:
     """Give back the job's slots and usage (S2.2: only when its node reports it stopped, or is lost)."""
     for placement in job.placements:
@@ -162,7 +194,7 @@ def _release(state: ClusterState, job: JobRecord) -> None:
         before = len(free) if node.usable else 0
         for slot in placement.slots:
             state.list_insort(free, slot)
-        _reindex(state, node, job.unit, before)
+        reindex(state, node, job.unit, before)
         if node.usable:
             state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, len(placement.slots))
     _drop_victim(state, job)
@@ -225,7 +257,7 @@ def _dispatched(state: ClusterState, event: ev.JobDispatched) -> None:
         before = len(free) if node.usable else 0
         for slot in placement.slots:
             state.list_discard(free, slot)
-        _reindex(state, node, job.unit, before)
+        reindex(state, node, job.unit, before)
         state.dict_add(state.child(state.pool_free, node.pool, dict), job.unit, -len(placement.slots))
     share = state.shares[job.share]
     state.dict_add(share.usage, job.unit, job.count)
@@ -292,6 +324,8 @@ def _preempted(state: ClusterState, event: ev.JobPreempted) -> None:
         victim_share = state.shares[victim.share]
         if (backoff := next_backoff(victim_share, event.occurred_at)) is not None:
             victim_share.put("backoff", backoff)
+    if event.kind == "TRAINING_PLAN":
+        return  # no preemptor to hold capacity for: the plan's window closed (S11)
     hold = state.holds.get(event.preemptor_job_id)
     if hold is None:
         preemptor = state.jobs[event.preemptor_job_id]
@@ -382,43 +416,11 @@ def _hold_released(state: ClusterState, event: ev.PreemptionHoldReleased) -> Non
 # ----- nodes -----------------------------------------------------------------------------------
 
 
-def _count_slots(node: NodeRecord) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for slot in node.slots:
-        counts[slot.unit] = counts.get(slot.unit, 0) + 1
-    return counts
-
-
-def _withdraw(state: ClusterState, node: NodeRecord) -> None:
-    """Take a usable node's slots out of the pool counters (it drains, leaves or is replaced)."""
-    _count_node(state, node, -1)
-
-
-def _contribute(state: ClusterState, node: NodeRecord) -> None:
-    """Add a usable node's slots to the pool counters (it registers or is undrained)."""
-    _count_node(state, node, 1)
-
-
-def _count_node(state: ClusterState, node: NodeRecord, sign: int) -> None:
-    if not node.usable:
-        return
-    slots = state.child(state.pool_slots, node.pool, dict)
-    free_counts = state.child(state.pool_free, node.pool, dict)
-    for unit, count in _count_slots(node).items():
-        free = len(node.free.get(unit, ()))
-        state.dict_add(slots, unit, sign * count)
-        state.dict_add(free_counts, unit, sign * free)
-        if sign > 0:
-            _reindex(state, node, unit, 0)
-        elif (index := state.free_index.get((node.pool, unit))) is not None:
-            state.list_discard(index, (free, node.node_id))
-
-
 @_handles(ev.NodeRegistered)
 def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
     old = state.nodes.get(event.node_id)
     if old is not None:
-        _withdraw(state, old)
+        withdraw(state, old)
     node = NodeRecord(state.journal_cell, event.node_id, event.pool, event.slots, event.occurred_at)
     if old is not None:
         # Attempts still placed on the node keep their slots: decide requeued every attempt whose slots
@@ -428,10 +430,12 @@ def _node_registered(state: ClusterState, event: ev.NodeRegistered) -> None:
         for free in node.free.values():
             free[:] = [i for i in free if i not in used]
     node.draining = event.draining
+    node.training_plan = event.training_plan
+    node.plan_closed = event.training_plan is not None and event.training_plan not in state.plan_windows
     node.address = event.address
     node.incarnation = event.incarnation
     state.dict_set(state.nodes, node.node_id, node)
-    _contribute(state, node)
+    contribute(state, node)
 
 
 @_handles(ev.NodeHeartbeatRecorded)
@@ -442,7 +446,7 @@ def _heartbeat(state: ClusterState, event: ev.NodeHeartbeatRecorded) -> None:
 @_handles(ev.NodeDraining)
 def _draining(state: ClusterState, event: ev.NodeDraining) -> None:
     node = state.nodes[event.node_id]
-    _withdraw(state, node)
+    withdraw(state, node)
     node.put("draining", True)
 
 
@@ -450,7 +454,7 @@ def _draining(state: ClusterState, event: ev.NodeDraining) -> None:
 def _undrained(state: ClusterState, event: ev.NodeUndrained) -> None:
     node = state.nodes[event.node_id]
     node.put("draining", False)
-    _contribute(state, node)
+    contribute(state, node)
 
 
 @_handles(ev.NodeLossSuspended)
@@ -470,5 +474,5 @@ def _loss_resumed(state: ClusterState, event: ev.NodeLossResumed) -> None:
 @_handles(ev.NodeLost)
 def _lost(state: ClusterState, event: ev.NodeLost) -> None:
     node = state.nodes[event.node_id]
-    _withdraw(state, node)
+    withdraw(state, node)
     node.put("online", False)

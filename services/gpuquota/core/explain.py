@@ -27,16 +27,20 @@ reason codes, checked in this order (the first that applies is the answer):
 - ``IDLE_CAPACITY_RESERVED``: capacity is idle but reserved for RESERVE shares' own jobs.
 - ``NO_IDLE_CAPACITY``: the share may borrow, but not enough is idle.
 - ``NO_FREE_SLOTS``: the quota allows it, but the nodes do not have enough free slots right now.
+- ``WAITING_FOR_TRAINING_PLAN``: one of the waiting reasons above, while a training plan's next
+  window would give the job capacity (S11); ``until`` says when it opens.
 - ``READY``: the job fits; it will be dispatched by the next pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Final
 
 from gpuquota.core.blocked import MISCONFIGURATION, blocked, status_reason, unblock_action
 from gpuquota.core.hygiene import MIN_RUNTIME_TAG, borrow_blocked_until, protected_until
+from gpuquota.core.plans import waits_for
 from gpuquota.core.quota import Figures, figures_for
 from gpuquota.core.schedule import BACKFILL_SCAN
 from gpuquota.core.state import LEND_AND_BORROW, ClusterState, JobRecord, ShareRecord
@@ -99,6 +103,8 @@ def explain(state: ClusterState, job_id: str, now: int | None = None) -> Explana
     waits = None
     if now is not None and position == 0 and figures is not None and why[0] in _WAIT_EXTENSIBLE:
         waits = _hygiene_wait(state, job, figures, now)
+    if waits is None and now is not None and position == 0 and why[0] in _PLAN_WAITABLE:
+        waits = _plan_wait(state, job, why, now)
     if waits is not None:
         why, until = waits
     return Explanation(
@@ -366,3 +372,32 @@ def _hygiene_wait(state: ClusterState, job: JobRecord, f: Figures, now: int) -> 
     until = min(protected)
     message = f"The capacity it could reclaim is protected by {MIN_RUNTIME_TAG} until {until}"
     return ("WAITING_FOR_MIN_RUNTIME", message, "Wait for the protected jobs' minimum runtime to end"), until
+
+
+# ----- S11 training plans ------------------------------------------------------------------------
+
+_PLAN_WAITABLE = frozenset(
+    {
+        "WAITING_FOR_OWN_QUOTA",
+        "BORROW_LIMIT_REACHED",
+        "IDLE_CAPACITY_RESERVED",
+        "NO_IDLE_CAPACITY",
+        "NO_FREE_SLOTS",
+        "NO_CAPACITY_FOR_UNIT",
+    }
+)
+"""Reasons behind which a training plan's next window may be what the job waits for."""
+
+
+def _plan_wait(state: ClusterState, job: JobRecord, why: Why, now: int) -> tuple[Why, int] | None:
+    found = waits_for(state, job, now)
+    if found is None:
+        return None
+    name, start = found
+    message = f"The job waits for training plan {name} from {start} ({_utc(start)}): {why[1]}"
+    return ("WAITING_FOR_TRAINING_PLAN", message, f"Wait for training plan {name}'s window"), start
+
+
+def _utc(ms: int) -> str:
+    """An epoch-ms instant as ISO 8601 UTC (a pure conversion: the core reads no clock)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -87,6 +87,7 @@ def register(ctx: Context, m: inp.RegisterNode) -> bool:
         draining=draining,
         address=m.address,
         incarnation=m.incarnation,
+        training_plan=m.training_plan,
     )
     return True
 

@@ -12,7 +12,9 @@ All figures are per service environment ``e`` and capacity unit ``u`` (an instan
   a virtual dispatch, so nobody else takes the capacity it protects; the preemptor itself is
   evaluated with its own hold removed (``exclude``).
 - ``reserved idle R(e,u)``: the sum over RESERVE shares of ``max(0, L - U)`` (S2.4).
-- ``capacity C(e,u)``: ``min(SE.maxCapacity(u), usable slots of the pool - other SEs' usage)`` (S2.1).
+- ``capacity C(e,u)``: ``min(SE.maxCapacity(u), usable slots of the pool - other SEs' usage)`` (S2.1);
+  while a training plan's window is open, ``maxCapacity(u)`` rises by the plan's ``count`` and an
+  allocated share's ``L`` by its allocation (S11: ``plan_capacity``, ``plan_allocations``).
 - The admission constraint (S2.5): after a dispatch of ``k``, ``sum_s U(s,u) + R(e,u) <= C(e,u)``
   and ``U(s,u) <= M(s,u)``. Placement additionally needs ``k`` free slots on usable nodes (S6).
 
@@ -178,8 +180,54 @@ def _pool_layout(
             if e.pool == environment.pool and e.name != environment.name
         )
         limits = {cap.unit: environment_limit(environment, cap.unit) for cap in environment.capacity_limits}
+        for unit, extra in plan_capacity(state, environment.name).items():
+            limits[unit] = limits.get(unit, 0) + extra
         layout = state.cache(key, (neighbours, limits))
     return layout
+
+
+def plan_capacity(state: ClusterState, environment: str) -> dict[str, int]:
+    """Per unit: what open training plans add to the environment's ``maxCapacity`` (S11)."""
+    extra: dict[str, int] = {}
+    for name in state.plan_windows:
+        plan = state.plans.get(name)
+        if plan is not None and plan.service_environment == environment:
+            extra[plan.unit] = extra.get(plan.unit, 0) + plan.count
+    return extra
+
+
+def plan_allocations(state: ClusterState, share: ShareKey) -> dict[str, int]:
+    """Per unit: what open training plans allocate to ``share``, added to its limit ``L`` (S11)."""
+    extra: dict[str, int] = {}
+    for name in state.plan_windows:
+        plan = state.plans.get(name)
+        if plan is None:
+            continue
+        for allocation in plan.allocations:
+            if (allocation.job_queue, allocation.quota_share) == share:
+                extra[plan.unit] = extra.get(plan.unit, 0) + allocation.count
+    return extra
+
+
+def plans_could_add(
+    state: ClusterState, environment: str, share: ShareKey, unit: str
+) -> tuple[int, int, int]:
+    """What training plans could ever add, open or not (S11): to the environment's ``maxCapacity``
+    for ``unit``, to ``share``'s limit for it, and slots of the pool's plan nodes waiting for a
+    window. A job that only a window would let run waits for it: it is not blocked (S9)."""
+    capacity = allocated = 0
+    for plan in state.plans.values():
+        if plan.service_environment != environment or plan.unit != unit:
+            continue
+        capacity += plan.count
+        allocated += sum(a.count for a in plan.allocations if (a.job_queue, a.quota_share) == share)
+    spec = state.environments.get(environment)
+    waiting = 0
+    if spec is not None and state.plans:
+        for node in state.nodes.values():
+            if node.plan_closed and node.online and not node.draining and node.pool == spec.pool:
+                waiting += sum(1 for slot in node.slots if slot.unit == unit)
+    return capacity, allocated, waiting
 
 
 def free_slots(state: ClusterState, pool: str, unit: str) -> int:

@@ -233,6 +233,7 @@ class ShareRecord(Mutable):
         "dispatched",
         "head_since",
         "key",
+        "plan_extra",
         "queue",
         "spec",
         "usage",
@@ -260,14 +261,21 @@ class ShareRecord(Mutable):
         """Queued jobs other than the head recorded as blocked (S9.1): job id -> (code, status reason)."""
         self.backoff: tuple[int, int, int] | None = None
         """S10.2 reborrow backoff: (may borrow again at, current length, last reclaim) in ms."""
-        self._limits: tuple[QuotaShareSpec, dict[str, int]] | None = None
+        self.plan_extra: dict[str, int] = {}
+        """Per unit: instances that training plans with an open window allocate to the share (S11);
+        replaced whole (never mutated) when a window opens or closes."""
+        self._limits: tuple[QuotaShareSpec, dict[str, int], dict[str, int]] | None = None
 
     @property
     def limits(self) -> dict[str, int]:
-        """Per unit, the share's own limit; derived from ``spec`` (a cache, not state)."""
+        """Per unit, the share's own limit: its spec's, raised by open plans' allocations (a cache)."""
         cached = self._limits
-        if cached is None or cached[0] is not self.spec:
-            cached = (self.spec, {cap.unit: cap.max_capacity for cap in self.spec.capacity_limits})
+        if cached is None or cached[0] is not self.spec or cached[2] is not self.plan_extra:
+            limits = {cap.unit: cap.max_capacity for cap in self.spec.capacity_limits}
+            for unit, extra in self.plan_extra.items():
+                if unit in limits:  # an allocation raises a limit the share has; it adds no unit
+                    limits[unit] += extra
+            cached = (self.spec, limits, self.plan_extra)
             self._limits = cached
         return cached[1]
 
@@ -297,8 +305,10 @@ class NodeRecord(Mutable):
         "last_heartbeat",
         "node_id",
         "online",
+        "plan_closed",
         "pool",
         "slots",
+        "training_plan",
     )
 
     def __init__(
@@ -319,6 +329,10 @@ class NodeRecord(Mutable):
         self.incarnation = ""
         """``RegisterNode.incarnation`` of the node's last registration (``RunAttempt`` carries it)."""
         self.last_heartbeat = at
+        self.training_plan: str | None = None
+        """The training plan the node belongs to (S11), if any."""
+        self.plan_closed = False
+        """A plan's node while no window of its plan is open: it offers no slots (S11)."""
         self.free: dict[str, list[int]] = {}
         """Per unit: indexes of the free slots, ascending (a plain list: a node has a handful)."""
         for index, slot in enumerate(slots):
@@ -326,4 +340,4 @@ class NodeRecord(Mutable):
 
     @property
     def usable(self) -> bool:
-        return self.online and not self.draining
+        return self.online and not self.draining and not self.plan_closed

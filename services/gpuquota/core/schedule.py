@@ -31,12 +31,13 @@ on this to skip the pass after inputs that cannot change any decision.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from gpuquota.core.blocked import record_blocked
 from gpuquota.core.checkpoints import gpus_held, lost_ms, victim_order
 from gpuquota.core.context import Context, DispatchPhase
 from gpuquota.core.hygiene import borrow_blocked_until, protected_until
+from gpuquota.core.plans import off_limits
 from gpuquota.core.preemption import Eligible, cross_share_candidates, find_victims, in_share_candidates
 from gpuquota.core.quota import Ledger
 from gpuquota.core.state import LEND_AND_BORROW, JobRecord, ShareKey, ShareRecord
@@ -235,7 +236,12 @@ class EnvironmentPass:
         figures = self.ledger.figures(share, job.unit, job.count, exclude=job.job_id)
         if not figures.fits:
             return False
-        placements = place(self.ctx, self.environment.pool, job.unit, job.count)
+        avoid = (
+            off_limits(self.state, job, share, self.environment.pool, self.ctx.now)
+            if phase == "BORROW"
+            else ()
+        )
+        placements = place(self.ctx, self.environment.pool, job.unit, job.count, avoid)
         if placements is None:
             return False
         attempt_number = job.attempt_number + 1
@@ -336,15 +342,27 @@ def head_order(job: JobRecord) -> tuple[int, str]:
     return (job.created_at, job.job_id)
 
 
-def place(ctx: Context, pool: str, unit: str, count: int) -> tuple[Placement, ...] | None:
-    """S6: ``count`` slots at once or none; fullest nodes first (keeps whole nodes free), then node id."""
+def place(
+    ctx: Context, pool: str, unit: str, count: int, avoid: Collection[str] = ()
+) -> tuple[Placement, ...] | None:
+    """S6: ``count`` slots at once or none; fullest nodes first (keeps whole nodes free), then node id;
+    never on the nodes in ``avoid`` (a borrower and a plan window that would close on it, S11). While
+    a training plan's window is open, its nodes come after the others: its capacity is taken last, so
+    that its end stops as few jobs as it can (S11)."""
     state = ctx.state
     index = state.free_index.get((pool, unit))
     if index is None:
         return None
+    nodes: list[tuple[int, str]] = index
+    if state.plan_windows:
+        planned = [entry for entry in index if state.nodes[entry[1]].training_plan is not None]
+        if planned:
+            nodes = [entry for entry in index if state.nodes[entry[1]].training_plan is None] + planned
     placements = []
     remaining = count
-    for _, node_id in index:
+    for _, node_id in nodes:
+        if avoid and node_id in avoid:
+            continue
         node = state.nodes[node_id]
         free = node.free[unit]
         take = min(remaining, len(free))

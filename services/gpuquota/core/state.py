@@ -40,7 +40,7 @@ from gpuquota.core.records import (
     VictimKey,
 )
 from gpuquota.core.sortedkeys import SortedKeys
-from gpuquota.wire.base import JobQueueSpec, SchedulingPolicySpec, ServiceEnvironmentSpec
+from gpuquota.wire.base import JobQueueSpec, SchedulingPolicySpec, ServiceEnvironmentSpec, TrainingPlanSpec
 
 __all__ = [
     "ENABLED",
@@ -79,6 +79,10 @@ class ClusterState(Journalled):
         self.jobs: dict[str, JobRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.holds: dict[str, Hold] = {}
+        self.plans: dict[str, TrainingPlanSpec] = {}
+        """Training plans (S11), by name."""
+        self.plan_windows: dict[str, tuple[int, int]] = {}
+        """Plan -> (start, end) ms of its window that is open now (``core.plans``)."""
         self.queues_deleting: set[str] = set()
         """Job queues deleted while they had quota shares: DELETED once those are gone."""
         self.loss_suspended: dict[str, int] = {}
@@ -179,6 +183,7 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             s.blocked,
             sorted(s.blocked_behind.items()),
             s.backoff,
+            sorted(s.plan_extra.items()),
         )
         for key, s in sorted(state.shares.items())
     )
@@ -192,6 +197,8 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
             n.address,
             n.incarnation,
             n.last_heartbeat,
+            n.training_plan,
+            n.plan_closed,
             sorted((u, tuple(free)) for u, free in n.free.items()),
         )
         for n in sorted(state.nodes.values(), key=lambda n: n.node_id)
@@ -209,6 +216,8 @@ def fingerprint(state: ClusterState) -> tuple[Any, ...]:
         nodes,
         holds,
         sorted(state.queues_deleting),
+        sorted(state.plans.items()),
+        sorted(state.plan_windows.items()),
         sorted(state.loss_suspended.items()),
         tuple(state.deadlines),
         sorted((p, sorted(c.items())) for p, c in state.pool_slots.items()),

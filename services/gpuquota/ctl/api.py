@@ -204,6 +204,15 @@ class Api:
     def nodes(self) -> list[dict[str, Any]]:
         return list(self.get("/gpuquota/v1/nodes")["nodes"])
 
+    def plans(self) -> list[dict[str, Any]]:
+        return list(self.get("/gpuquota/v1/plans")["trainingPlans"])
+
+    def put_plan(self, plan: dict[str, Any]) -> dict[str, Any]:
+        return self.post("/gpuquota/v1/plans", plan)
+
+    def delete_plan(self, name: str) -> dict[str, Any]:
+        return self.request("DELETE", f"/gpuquota/v1/plans/{urllib.parse.quote(name, safe='')}")
+
     def set_draining(self, node: str, draining: bool) -> dict[str, Any]:
         action = "drain" if draining else "undrain"
         return self.request("POST", f"/gpuquota/v1/nodes/{urllib.parse.quote(node, safe='')}/{action}")

@@ -126,7 +126,25 @@ class Applier:
             by_queue.setdefault(doc.queue_of(share), []).append(share)
         for queue, shares in by_queue.items():
             self.shares(queue, shares)
+        if doc.trainingPlans:
+            self.plans([doc.plan_request(plan) for plan in doc.trainingPlans])
         return self.changes
+
+    def plans(self, bodies: list[dict[str, Any]]) -> None:
+        """Training plans (S11, gpuquota's own endpoint): put each one that is new or differs."""
+        current = {p["trainingPlanName"]: p for p in self.api.plans()}
+        for body in bodies:
+            name = body["trainingPlanName"]
+            before = current.get(name)
+            fields = [k for k in body if k != "trainingPlanName"]
+            details = (
+                []
+                if before is None
+                else [f"{k}: {before.get(k)} -> {body[k]}" for k in fields if before.get(k) != body[k]]
+            )
+            if (before is None or details) and not self.dry_run:
+                self.api.put_plan(body)
+            self._record("training plan", name, details, created=before is None)
 
     # ----- helpers ---------------------------------------------------------------------------
 

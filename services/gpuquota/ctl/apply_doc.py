@@ -7,12 +7,18 @@ The file (see ``deploy/examples/worked-example.yaml``) has up to four sections, 
     jobQueue:           {name, priority, state, schedulingPolicy, serviceEnvironment, tags}
     quotaShares:        [{name, jobQueue, capacityLimits: {UNIT: N}, strategy, borrowLimit,
                           inSharePreemption, state, tags}, ...]
+    trainingPlans:      [{name, serviceEnvironment, capacityUnit, count, windows: [{start, end}],
+                          allocations: {SHARE: N} or [{jobQueue, quotaShare, count}],
+                          gracePeriodSeconds, tags}, ...]
 
-A job queue's policy and environment default to the file's; a share's job queue defaults to the file's.
+A job queue's policy and environment default to the file's; a share's job queue defaults to the file's;
+a training plan's service environment and its allocations' job queue too. A window's ``start`` and
+``end`` are ISO 8601 times (``2026-12-07T09:00:00Z``; without a zone: UTC) or epoch milliseconds.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,10 +29,12 @@ from gpuquota.ctl.api import CliError
 from gpuquota.wire.base import (
     MAX_SHARE_LIMITS,
     MIN_SHARE_LIMITS,
+    PLAN_GRACE_SECONDS,
     UNLIMITED_BORROW,
     CapacityLimit,
     QueuePriority,
     QuotaShareSpec,
+    TrainingPlanSpec,
 )
 
 State = Literal["ENABLED", "DISABLED"]
@@ -157,11 +165,81 @@ class ShareDoc(_Doc):
         )
 
 
+def _epoch_ms(value: Any) -> Any:
+    """A window bound: epoch ms as given, an ISO 8601 time (UTC unless it names a zone) converted."""
+    if isinstance(value, dt.datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+        return int(moment.timestamp() * 1000)
+    if isinstance(value, str) and not value.isdigit():
+        try:
+            return _epoch_ms(dt.datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an ISO 8601 time or epoch milliseconds") from None
+    return value
+
+
+class WindowDoc(_Doc):
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=0)]
+
+    _bounds = field_validator("start", "end", mode="before")(_epoch_ms)
+
+
+class AllocationDoc(_Doc):
+    quotaShare: str = Field(min_length=1, max_length=128)
+    jobQueue: str | None = None
+    count: Annotated[int, Field(ge=1)]
+
+
+class PlanDoc(_Doc):
+    """A training plan (S11): ``count`` instances of ``capacityUnit`` in each window."""
+
+    name: str = Field(min_length=1, max_length=128)
+    serviceEnvironment: str | None = None
+    capacityUnit: str = Field(min_length=1, max_length=128)
+    count: Annotated[int, Field(ge=1)]
+    windows: list[WindowDoc] = Field(min_length=1)
+    allocations: list[AllocationDoc] | dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: list[AllocationDoc]()
+    )
+    gracePeriodSeconds: Annotated[int, Field(ge=0, le=86400)] = PLAN_GRACE_SECONDS
+    tags: dict[str, str] | None = None
+
+    def request(self, environment: str, queue: str | None) -> dict[str, Any]:
+        """The ``POST /gpuquota/v1/plans`` body (``queue``: the file's job queue, the default)."""
+        listed = (
+            [AllocationDoc(quotaShare=k, count=v) for k, v in self.allocations.items()]
+            if isinstance(self.allocations, dict)
+            else self.allocations
+        )
+        allocations = []
+        for allocation in listed:
+            job_queue = allocation.jobQueue or queue
+            if job_queue is None:
+                raise ValueError(
+                    f"allocation to {allocation.quotaShare} needs a jobQueue (the file has none)"
+                )
+            allocations.append(
+                {"jobQueue": job_queue, "quotaShare": allocation.quotaShare, "count": allocation.count}
+            )
+        return {
+            "trainingPlanName": self.name,
+            "serviceEnvironment": environment,
+            "capacityUnit": self.capacityUnit,
+            "count": self.count,
+            "windows": [{"start": w.start, "end": w.end} for w in self.windows],
+            "allocations": allocations,
+            "gracePeriodSeconds": self.gracePeriodSeconds,
+            "tags": self.tags or {},
+        }
+
+
 class ApplyDoc(_Doc):
     schedulingPolicy: PolicyDoc | None = None
     serviceEnvironment: EnvironmentDoc | None = None
     jobQueue: QueueDoc | None = None
     quotaShares: list[ShareDoc] = Field(default_factory=list)
+    trainingPlans: list[PlanDoc] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _references(self) -> ApplyDoc:
@@ -186,7 +264,41 @@ class ApplyDoc(_Doc):
                 share.spec(queue)
             except ValidationError as exc:
                 raise ValueError(f"quotaShares[{i}]: {exc.errors()[0]['msg']}") from None
+        for i, plan in enumerate(self.trainingPlans):
+            if plan.serviceEnvironment is None and self.serviceEnvironment is None:
+                raise ValueError(
+                    f"trainingPlans[{i}].serviceEnvironment is required when the file has no "
+                    "serviceEnvironment"
+                )
+            try:
+                TrainingPlanSpec.model_validate(self.plan_spec_fields(plan))
+            except ValidationError as exc:
+                raise ValueError(f"trainingPlans[{i}]: {exc.errors()[0]['msg']}") from None
         return self
+
+    def plan_request(self, plan: PlanDoc) -> dict[str, Any]:
+        environment = plan.serviceEnvironment or (
+            self.serviceEnvironment.name if self.serviceEnvironment else None
+        )
+        assert environment is not None
+        return plan.request(environment, self.jobQueue.name if self.jobQueue else None)
+
+    def plan_spec_fields(self, plan: PlanDoc) -> dict[str, Any]:
+        """The wire spec's fields (to validate the plan's own rules before anything is sent)."""
+        body = self.plan_request(plan)
+        return {
+            "name": body["trainingPlanName"],
+            "service_environment": body["serviceEnvironment"],
+            "unit": body["capacityUnit"],
+            "count": body["count"],
+            "windows": body["windows"],
+            "allocations": [
+                {"job_queue": a["jobQueue"], "quota_share": a["quotaShare"], "count": a["count"]}
+                for a in body["allocations"]
+            ],
+            "grace_seconds": body["gracePeriodSeconds"],
+            "tags": body["tags"],
+        }
 
     def policy_of(self, queue: QueueDoc) -> str:
         name = queue.schedulingPolicy or (self.schedulingPolicy.name if self.schedulingPolicy else None)
@@ -238,6 +350,7 @@ def _section(loc: tuple[int | str, ...]) -> type[BaseModel]:
         "serviceEnvironment": EnvironmentDoc,
         "jobQueue": QueueDoc,
         "quotaShares": ShareDoc,
+        "trainingPlans": PlanDoc,
     }
     return sections.get(loc[0], ApplyDoc) if len(loc) > 1 else ApplyDoc
 

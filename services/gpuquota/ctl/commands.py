@@ -451,11 +451,17 @@ def format_explain(data: dict[str, Any], style: Style) -> str:
     last = data.get("lastPreemption")
     if last is not None:
         preemptor = last.get("preemptorJobName") or last["preemptorJobId"]
+        share = last["preemptorQuotaShareName"]
+        by = (  # a training plan's window end has no preemptor job (S11)
+            [f"  preemptor  {preemptor} ({last['preemptorJobId']}) of share {share}"]
+            if last["preemptorJobId"]
+            else []
+        )
         lines += [
             "",
             style(f"Last preemption ({data.get('preemptedAttemptCount', 1)} in all)", "bold"),
             f"  kind       {render.kind_label(last['kind'])}",
-            f"  preemptor  {preemptor} ({last['preemptorJobId']}) of share {last['preemptorQuotaShareName']}",
+            *by,
             f"  decided    {render.when(last.get('decidedAt'))}",
             f"  cause      {last['statusReason']}",
             f"  lost work  {render.lost_work(last.get('lostWork'))} (since its last checkpoint)",

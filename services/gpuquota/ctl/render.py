@@ -146,4 +146,5 @@ def attempts_table(attempts: list[dict[str, Any]]) -> str:
 
 
 def kind_label(kind: str) -> str:
-    return {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}.get(kind, kind.lower())
+    labels = {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share", "TRAINING_PLAN": "training-plan"}
+    return labels.get(kind, kind.lower())

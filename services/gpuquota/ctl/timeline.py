@@ -15,8 +15,8 @@ COLOURS = {
     "SUCCEEDED": "#4a7fc1",
     "FAILED": "#d9534f",
 }
-KIND_COLOURS = {"CROSS_SHARE": "#c0392b", "IN_SHARE": "#8e44ad"}
-KIND_LABELS = {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share"}
+KIND_COLOURS = {"CROSS_SHARE": "#c0392b", "IN_SHARE": "#8e44ad", "TRAINING_PLAN": "#d68910"}
+KIND_LABELS = {"CROSS_SHARE": "cross-share", "IN_SHARE": "in-share", "TRAINING_PLAN": "training-plan"}
 
 LEFT = 190
 RIGHT = 30

@@ -2,7 +2,7 @@
 """``gpuquota`` command line: a thin dispatcher to the service entry points.
 
 Subcommands: ``version``, ``completion``, ``gateway``, ``scheduler``, ``node-agent``, ``up``, ``demo``, and
-the client commands ``apply``, ``jobs``, ``shares``, ``queues``, ``nodes``, ``explain``
+the client commands ``apply``, ``jobs``, ``shares``, ``queues``, ``nodes``, ``plans``, ``explain``
 (:mod:`gpuquota.ctl`). Services read their configuration from ``GPUQUOTA_*`` environment variables
 (see :mod:`gpuquota.config.settings`), not from flags. Usage errors exit 2 (argparse's convention), failures
 1; ``docs/cli.md`` embeds every ``--help``.
@@ -135,6 +135,10 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
         "list nodes (slots, GPUs, attempts, heartbeat); drain or undrain one",
         _client("nodes", "gpuquota.ctl.nodes"),
     ),
+    "plans": (
+        "list training plans (windows, allocations, used and idle GPU-hours); delete one",
+        _client("plans", "gpuquota.ctl.plans"),
+    ),
     "explain": ("explain why a job waits or was preempted", _client("explain")),
     "env": (
         'print the shell set-up of boto3 and the SageMaker SDK for this stack: eval "$(gpuquota env)"',
@@ -160,6 +164,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "shares": _imported("gpuquota.ctl.commands", "configure_shares"),
     "queues": _imported("gpuquota.ctl.manage", "configure_queues"),
     "nodes": _imported("gpuquota.ctl.nodes", "configure_nodes"),
+    "plans": _imported("gpuquota.ctl.plans", "configure_plans"),
     "explain": _imported("gpuquota.ctl.commands", "configure_explain"),
     "env": _imported("gpuquota.ctl.env", "configure_env"),
     "simulate": _imported("gpuquota.sim.commands", "configure_simulate"),

@@ -193,6 +193,7 @@ class NodeAgentService:
         address: str = "",
         kafka_security: KafkaSecurity = PLAINTEXT,
         data: DataPlane | None = None,
+        training_plan: str | None = None,
     ) -> None:
         self.link = KafkaNodeLink(kafka, topics or KafkaTopics(), node_id, pool, security=kafka_security)
         self.log_server = (
@@ -209,6 +210,7 @@ class NodeAgentService:
             preemption_grace=preemption_grace,
             address=address,
             data=data,
+            training_plan=training_plan,
         )
         self._feed: asyncio.Task[None] | None = None
 
@@ -240,6 +242,7 @@ class DistributedStack:
         host: str = "127.0.0.1",
         port: int = 8642,
         nodes: list[tuple[str, tuple[SlotOffer, ...]]] | None = None,
+        node_plans: dict[str, str] | None = None,
         runtime: Runtime | None = None,
         data_dir: Path = Path(".gpuquota"),
         topics: KafkaTopics | None = None,
@@ -305,6 +308,7 @@ class DistributedStack:
                     address="127.0.0.1",  # the stack's agents share this machine
                     kafka_security=kafka_security,
                     data=data,
+                    training_plan=(node_plans or {}).get(node_id),
                 )
                 self.agents.append(service)
 

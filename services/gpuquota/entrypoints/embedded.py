@@ -47,7 +47,7 @@ from gpuquota.gateway.ops import gateway_registry, install
 from gpuquota.node_agent import RUNTIMES, NodeAgent, make_runtime
 from gpuquota.node_agent.container import ENGINES
 from gpuquota.node_agent.s3_stage import DataPlane, data_plane
-from gpuquota.node_agent.slots import node_slot_groups
+from gpuquota.node_agent.slots import node_plan_groups, node_slot_groups
 from gpuquota.observe.health import store_probe
 from gpuquota.observe.logs import configure_logging
 from gpuquota.observe.metrics import Timings
@@ -75,6 +75,11 @@ def node_slots(nodes: str) -> list[tuple[str, tuple[SlotOffer, ...]]]:
     """One local node per ``UNIT=SLOTS`` entry, ``NODES`` for ``UNIT=SLOTSxNODES``: ``("local-1", slots),
     ...`` (GPU indices never shared)."""
     return [(f"local-{i}", slots) for i, slots in enumerate(node_slot_groups(nodes), start=1)]
+
+
+def node_plans(nodes: str) -> dict[str, str]:
+    """The training plan of each local node of ``node_slots(nodes)`` that has one (``TYPE=N@PLAN``)."""
+    return {f"local-{i}": plan for i, plan in enumerate(node_plan_groups(nodes), start=1) if plan is not None}
 
 
 async def open_store(data_dir: Path | None) -> EventStore:
@@ -191,6 +196,7 @@ class EmbeddedStack:
         local = LocalLogs(lambda node_id: work_root / node_id if node_id in self.agents else None)
         NodeRoutes(gateway, local).install()
         self.port = await front.serve(gateway)
+        plans = node_plans(self.nodes)
         for node_id, slots in node_slots(self.nodes):
             agent = NodeAgent(
                 node_id,
@@ -204,6 +210,7 @@ class EmbeddedStack:
                 address=LOCAL_ADDRESS,
                 send_many=lambda messages: handle_in_order(shell, messages),
                 data=self.data,
+                training_plan=plans.get(node_id),
             )
             self.agents[node_id] = agent
             await agent.start()
@@ -257,7 +264,8 @@ def configure_up(parser: argparse.ArgumentParser) -> None:
         "--nodes",
         default=DEFAULT_NODES,
         help=f'local node agents: one per TYPE=SLOTS, NODES per TYPE=SLOTSxNODES, e.g. "{DEFAULT_NODES},'
-        'ml.p4d.24xlarge=1", "ml.g5.xlarge=1x2" (two nodes of one slot)',
+        'ml.p4d.24xlarge=1", "ml.g5.xlarge=1x2" (two nodes of one slot); TYPE=SLOTS@PLAN: nodes of '
+        'training plan PLAN, e.g. "ml.g5.xlarge=3,ml.g5.xlarge=2@p1"',
     )
     add("--runtime", choices=RUNTIMES, default="process", help="how attempts run")
     add("--container-engine", choices=ENGINES, default=None, help="--runtime container: podman or docker")
@@ -419,6 +427,7 @@ def _run_distributed(args: argparse.Namespace, kafka: str, database_url: str, up
             host=args.host,
             port=up.port,
             nodes=node_slots(args.nodes),
+            node_plans=node_plans(args.nodes),
             runtime=make_runtime(args.runtime, args.container_engine, os.environ.get(IMAGE_MAP_ENV, "")),
             data_dir=Path(args.data_dir).absolute(),
             topics=KafkaTopics(os.environ.get("GPUQUOTA_TOPIC_PREFIX", "")),

@@ -38,6 +38,8 @@ _HELP = {
     "--log-level": "DEBUG, INFO, WARNING or ERROR (GPUQUOTA_LOG_LEVEL)",
     "--metrics-port": "serve /metrics and /health/* on this port (GPUQUOTA_METRICS_PORT)",
     "--advertise-address": "how other nodes reach this one (GPUQUOTA_ADVERTISE_ADDRESS, default: host name)",
+    "--training-plan": "the training plan this node belongs to: its slots are used only in the plan's "
+    "windows (GPUQUOTA_TRAINING_PLAN)",
 }
 #: flag dest -> settings field
 _FLAGS = {dest: dest for dest in (flag[2:].replace("-", "_") for flag in _HELP)}
@@ -105,6 +107,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             "heartbeat_seconds": settings.heartbeat_seconds,
             "preemption_grace": settings.preemption_grace,
             "slots": [s.model_dump() for s in slots],
+            "training_plan": settings.training_plan,
         }
         print(json.dumps(node, indent=2))
         return 0
@@ -161,6 +164,7 @@ def _serve(settings: NodeAgentSettings, slots: tuple[SlotOffer, ...], token: str
             address=settings.advertise_address or socket.gethostname(),
             kafka_security=settings.kafka_security,
             data=data_plane(settings),
+            training_plan=settings.training_plan,
         )
         port = settings.metrics_port
         ops = None if port is None else agent_ops(service, settings.kafka, port)

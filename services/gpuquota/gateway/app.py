@@ -52,6 +52,7 @@ from gpuquota.gateway.edge import json_response as _json
 from gpuquota.gateway.errors import ClientException
 from gpuquota.gateway.extensions import Explainer, explain, share_table_of
 from gpuquota.gateway.params import Params
+from gpuquota.gateway.plans import PlanRoutes
 from gpuquota.gateway.ports import CommandPort
 from gpuquota.gateway.shapes import batch_shapes
 from gpuquota.read.model import ReadModel
@@ -155,6 +156,7 @@ class Gateway(Context):
         app.router.add_get("/gpuquota/v1/shares", self._shares_route)
         app.router.add_get("/gpuquota/v1/jobs/{job:.+}/explain", self._explain_route)
         app.router.add_get("/gpuquota/v1/env", self._env_route)
+        PlanRoutes(self).add_routes(app)
         for hook in self.route_hooks:
             hook(app)
         app.router.add_route("*", "/v1/{operation}", self._operation)

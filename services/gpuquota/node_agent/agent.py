@@ -86,8 +86,11 @@ class NodeAgent:
         address: str = "",
         send_many: SendMany | None = None,
         data: DataPlane | None = None,
+        training_plan: str | None = None,
     ) -> None:
         self.node_id = node_id
+        self.training_plan = training_plan
+        """The training plan this node belongs to (S11): its slots are used only in the plan's windows."""
         self.data = data if data is not None and runtime.name != "simulated" else DataPlane(None)
         """S3: channels in, checkpoints and artifacts out (``s3_stage``); without a store, none."""
         self.address = address  # how other nodes reach this one (empty: by its node id)
@@ -276,7 +279,13 @@ class NodeAgent:
         self.incarnation = uuid4()
         node = {"node_id": self.node_id, "pool": self.pool, "slots": self.slots, "address": self.address}
         self.outbox.emit(
-            RegisterNode(**stamp(), **node, attempts=self._known(), incarnation=self.incarnation)
+            RegisterNode(
+                **stamp(),
+                **node,
+                attempts=self._known(),
+                incarnation=self.incarnation,
+                training_plan=self.training_plan,
+            )
         )
 
     def _known(self) -> tuple[NodeAttempt, ...]:

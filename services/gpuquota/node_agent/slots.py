@@ -57,8 +57,12 @@ class SlotSpecError(ValueError):
     pass
 
 
-NODE_GROUP = re.compile(r"(?P<unit>[^=]+?)\s*(?:=\s*(?P<slots>\d+)(?:\s*x\s*(?P<nodes>\d+))?)?")
-"""One entry of ``gpuquota up --nodes``: ``INSTANCE_TYPE[=SLOTS[xNODES]]``."""
+NODE_GROUP = re.compile(
+    r"(?P<unit>[^=@]+?)\s*(?:=\s*(?P<slots>\d+)(?:\s*x\s*(?P<nodes>\d+))?)?"
+    r"(?:\s*@\s*(?P<plan>[A-Za-z0-9_-]{1,128}))?"
+)
+"""One entry of ``gpuquota up --nodes``: ``INSTANCE_TYPE[=SLOTS[xNODES]][@PLAN]``; ``@PLAN``: the nodes
+belong to training plan PLAN (S11, ``node-agent --training-plan``)."""
 
 
 def parse_slot_counts(spec: str) -> list[tuple[str, int]]:
@@ -150,9 +154,21 @@ def parse_node_groups(spec: str) -> list[tuple[str, int, int]]:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         match = NODE_GROUP.fullmatch(item)
         if match is None:
-            raise SlotSpecError(f"expected INSTANCE_TYPE=SLOTS or INSTANCE_TYPE=SLOTSxNODES, got {item!r}")
+            raise SlotSpecError(
+                "expected INSTANCE_TYPE=SLOTS or INSTANCE_TYPE=SLOTSxNODES (then @PLAN, optional), "
+                f"got {item!r}"
+            )
         groups.append((match["unit"], int(match["slots"] or 1), int(match["nodes"] or 1)))
     return groups
+
+
+def parse_node_plans(spec: str) -> list[str | None]:
+    """The training plan of each group of ``parse_node_groups(spec)`` (``@PLAN``; ``None``: none)."""
+    plans: list[str | None] = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        match = NODE_GROUP.fullmatch(item)
+        plans.append(None if match is None else match["plan"])
+    return plans
 
 
 def node_slot_groups(
@@ -167,11 +183,26 @@ def node_slot_groups(
     free: dict[str, list[SlotOffer]] = {}
     for offer in discover(",".join(f"{unit}={n}" for unit, n in totals.items())) if totals else ():
         free.setdefault(offer.unit, []).append(offer)
-    out: list[tuple[SlotOffer, ...]] = []
-    for unit, slots, nodes in groups:
+    return [slots for slots, _ in _deal(groups, parse_node_plans(spec), free)]
+
+
+def node_plan_groups(spec: str) -> list[str | None]:
+    """The training plan of each node of ``node_slot_groups(spec)``, in the same order."""
+    groups = parse_node_groups(spec)
+    free: dict[str, list[SlotOffer]] = {}
+    for unit, slots, nodes in groups:  # stand-ins: only how many slots there are matters here
+        free.setdefault(unit, []).extend([SlotOffer(unit=unit)] * (slots * nodes))
+    return [plan for _, plan in _deal(groups, parse_node_plans(spec), free)]
+
+
+def _deal(
+    groups: list[tuple[str, int, int]], plans: list[str | None], free: dict[str, list[SlotOffer]]
+) -> list[tuple[tuple[SlotOffer, ...], str | None]]:
+    out: list[tuple[tuple[SlotOffer, ...], str | None]] = []
+    for (unit, slots, nodes), plan in zip(groups, plans, strict=True):
         for _ in range(nodes):
             left = free.get(unit, [])
             if slots and left:
-                out.append(tuple(left[:slots]))
+                out.append((tuple(left[:slots]), plan))
                 del left[:slots]
     return out

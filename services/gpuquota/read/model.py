@@ -28,6 +28,7 @@ from sortedcontainers import SortedList
 from gpuquota.core.records import QueueKey
 from gpuquota.read.jobs import AttemptView, JobView, ShareKey
 from gpuquota.read.nodes import NodeTable
+from gpuquota.read.plans import PlanTable
 from gpuquota.read.tally import EventTally
 from gpuquota.support.arns import ArnFactory
 from gpuquota.wire import events as ev
@@ -85,6 +86,8 @@ class ReadModel:
         self.tally = EventTally()
         """Counters of the applied events (Prometheus, ``gpuquota.read.tally``)."""
         self.nodes = NodeTable()
+        self.plans = PlanTable()
+        """Training plans, their open windows and GPU-hours (``gpuquota plans``, S11)."""
         """Nodes and where each attempt was placed (``gpuquota nodes``, ``gpuquota jobs logs``)."""
         self.head_since: dict[ShareKey, tuple[str, int]] = {}
         """Per share: its first RUNNABLE job and since when it is first (``earliestTimeAtPosition``)."""
@@ -101,6 +104,7 @@ class ReadModel:
         if event.occurred_at > self.last_event_at:
             self.last_event_at = event.occurred_at
         self.nodes.apply(event)
+        self.plans.apply(event)
         name = _HANDLERS.get(event.type)
         if name is None:
             name = _HANDLERS[event.type] = f"_on_{event.type}"
@@ -303,7 +307,7 @@ class ReadModel:
             "decidedAt": e.occurred_at,
             "attemptId": e.attempt_id,
             "kind": e.kind,
-            "preemptorJobId": e.preemptor_job_id,
+            "preemptorJobId": e.preemptor_job_id or None,
             "preemptorJobName": None if preemptor is None else preemptor.job_name,
             "preemptorQuotaShareName": e.preemptor_share,
             "victimQuotaShareName": e.victim_share,

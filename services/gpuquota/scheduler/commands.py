@@ -98,6 +98,7 @@ def _stop_parts(
             job_id=event.job_id,
             attempt_id=attempt_id,
             reason=event.status_reason,
+            grace_seconds=event.grace_seconds if isinstance(event, ev.JobPreempted) else None,
         )
         for node_id in _running_parts(job)
     ]

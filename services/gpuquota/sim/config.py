@@ -1,7 +1,9 @@
 """A simulated configuration: an ``apply -f`` file turned into the core's setup inputs.
 
 The file needs a service environment (its capacity limits are the pool: one virtual node per unit with
-that many slots) and quota shares; the scheduling policy and job queue are made up when absent.
+that many slots) and quota shares; the scheduling policy and job queue are made up when absent. Its
+training plans (S11) get one virtual node each, of ``count`` slots, usable in the plan's windows; a
+window's times are the trace's clock (``submitted_at``: seconds, as milliseconds here).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota.core.checkpoints import LEAST_LOST_WORK, VICTIM_ORDER_TAG
+from gpuquota.core.plans import STOP_AT_PLAN_END_TAG
 from gpuquota.ctl.api import CliError
 from gpuquota.ctl.apply_doc import ApplyDoc, load
 from gpuquota.wire import inputs as inp
@@ -24,6 +27,7 @@ from gpuquota.wire.base import (
     SlotOffer,
     State,
     Strategy,
+    TrainingPlanSpec,
 )
 
 DEFAULT_POLICY = "simulated-policy"
@@ -38,6 +42,8 @@ class Configuration:
     queue: JobQueueSpec
     shares: tuple[QuotaShareSpec, ...]
     """In name order (the order of every per-share figure)."""
+    plans: tuple[TrainingPlanSpec, ...] = ()
+    """Training plans (S11), each with a virtual node of its own."""
 
     def setup(self) -> list[tuple[type[Any], dict[str, Any]]]:
         """The inputs (kind, fields) that build this configuration on an empty state, nodes last."""
@@ -50,6 +56,11 @@ class Configuration:
         for unit, count in self.capacity().items():
             slots = tuple(SlotOffer(unit=unit) for _ in range(count))
             out.append((inp.RegisterNode, {"node_id": node_id(unit), "slots": slots}))
+        for plan in self.plans:
+            slots = tuple(SlotOffer(unit=plan.unit) for _ in range(plan.count))
+            fields = {"node_id": f"sim-plan-{plan.name}", "slots": slots, "training_plan": plan.name}
+            out.append((inp.RegisterNode, fields))
+            out.append((inp.PutTrainingPlan, {"spec": plan}))
         return out
 
     def victim_order(self) -> str:
@@ -117,9 +128,17 @@ def configuration(doc: ApplyDoc, name: str) -> Configuration:
                 borrow_limit=share.borrowLimit if share.borrowLimit is not None else UNLIMITED_BORROW,
                 in_share_preemption=share.inSharePreemption == "ENABLED",
                 state=_state(share.state),
+                tags={k: v for k, v in (share.tags or {}).items() if k == STOP_AT_PLAN_END_TAG},
             )
         )
-    return Configuration(name, SchedulingPolicySpec(name=policy_name), environment, queue, tuple(shares))
+    plans = []
+    for plan in doc.trainingPlans:
+        fields = doc.plan_spec_fields(plan)
+        fields["service_environment"] = environment.name
+        fields["allocations"] = [{**a, "job_queue": queue_name} for a in fields["allocations"]]
+        plans.append(TrainingPlanSpec.model_validate(fields))
+    policy = SchedulingPolicySpec(name=policy_name)
+    return Configuration(name, policy, environment, queue, tuple(shares), tuple(plans))
 
 
 def load_configuration(path: str | Path) -> Configuration:

@@ -17,6 +17,11 @@ order is S12's ``leastLostWork`` also tells the core what the node agent would: 
 (a RUNNING report) and each checkpoint (a RUNNING report with ``checkpoint_at``), so that the core
 picks the victims that lose the least; without it the core needs neither and gets neither. Finished
 jobs are dropped at once, so memory follows the jobs alive at a time, not the length of the trace.
+
+Training plans (S11) add ticks: the heap holds a ``Tick`` at each opening and closing of their windows
+(time is an input of the core: the window opens and closes on it, and the plan's jobs are preempted
+at its close), and the events go through the read model's ``PlanTable`` for the plan's used and idle
+GPU-hours.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from typing import Any
 from gpuquota.core import ClusterState, step
 from gpuquota.core.checkpoints import LEAST_LOST_WORK
 from gpuquota.ctl.api import CliError
+from gpuquota.read.plans import PlanTable
 from gpuquota.sim.config import Configuration
+from gpuquota.sim.estimate import plan_ticks
 from gpuquota.sim.prefetch import TraceRow
 from gpuquota.sim.stats import Sampler, ShareCounters, UnitLedger
 from gpuquota.sim.trace import TraceJob
@@ -41,7 +48,7 @@ from gpuquota.wire import inputs as inp
 from gpuquota.wire.base import JobSpec
 from gpuquota.wire.fast_construct import fast_construct
 
-END, STOP, RUN, CHECKPOINT = 1, 2, 3, 4
+END, STOP, RUN, CHECKPOINT, TICK = 1, 2, 3, 4, 5
 HEARTBEAT_TIMEOUT_MS = 2**62
 """Virtual nodes never miss a heartbeat (the engine sends no ticks)."""
 Progress = Callable[[int, int], None]
@@ -60,6 +67,7 @@ class SimJob:
         "exit_code",
         "index",
         "node_id",
+        "other_nodes",
         "remaining_ms",
         "started",
         "submitted",
@@ -77,6 +85,8 @@ class SimJob:
         self.exit_code = trace.exit_code
         self.attempt_id = ""
         self.node_id = ""
+        self.other_nodes: tuple[str, ...] = ()
+        """Nodes of the attempt but its first: a gang may span the pool's node and a plan's (S11)."""
         self.started = -1
         self.waited = False
 
@@ -104,6 +114,8 @@ class Result:
     decisions: list[Decision] | None = None
     unmatched: int = 0
     """Jobs of shares the configuration does not have."""
+    plans: list[dict[str, Any]] = field(default_factory=list)
+    """Each training plan as ``gpuquota plans`` lists it at the end (used and idle GPU-hours)."""
 
 
 @dataclass
@@ -131,6 +143,7 @@ class Replay:
         self.decisions: list[Decision] | None = [] if self.record_decisions else None
         self.queue = self.config.queue.name
         self.report_checkpoints = self.config.victim_order() == LEAST_LOST_WORK
+        self.plan_table = PlanTable() if self.config.plans else None
         self._on_event: dict[type[Any], Callable[[Any], None]] = {
             ev.JobDispatched: self._dispatched,
             ev.JobPreempted: self._preempted,
@@ -172,6 +185,8 @@ class Replay:
             limits[unit] = [s.limit(unit) or 0 for s in self.config.shares]
             lends = [s.strategy.value != "RESERVE" for s in self.config.shares]
             self.ledgers[unit] = UnitLedger(capacity, limits[unit], lends, start_ms)
+        for at in plan_ticks(self.state, start_ms, limit=None):
+            self._push(at, TICK, "", "")
 
     def _loop(self, upcoming: Job | None, trace: Iterator[Job]) -> None:
         """The next submission waits beside the heap, not in it (one push and pop less per job); it
@@ -200,6 +215,9 @@ class Replay:
                 continue
             at, _, kind, job_id, attempt_id = pop(heap)
             self.now = at
+            if kind == TICK:
+                self._feed(inp.Tick, {})
+                continue
             job = jobs.get(job_id)
             if job is not None and job.attempt_id == attempt_id:
                 report(job_id, job, kind)
@@ -215,6 +233,9 @@ class Replay:
         events = step(self.state, fast_construct(kind, fields))
         self.events += len(events)
         handlers = self._on_event
+        if self.plan_table is not None:
+            for event in events:
+                self.plan_table.apply(event)
         for event in events:
             handler = handlers.get(type(event))
             if handler is not None:
@@ -262,6 +283,11 @@ class Replay:
             fields["status"] = "SUCCEEDED" if job.exit_code == 0 else "FAILED"
             fields["exit_code"] = job.exit_code
         self._feed(inp.AttemptReport, fields)
+        if kind in (END, STOP):
+            for node_id in job.other_nodes:  # every part reports its end; the attempt ends with the last
+                if job.attempt_id != fields["attempt_id"]:
+                    break
+                self._feed(inp.AttemptReport, {**fields, "node_id": node_id})
 
     # ----- what the core decided --------------------------------------------------------------
 
@@ -278,6 +304,7 @@ class Replay:
         job = self.jobs[event.job_id]
         job.attempt_id = event.attempt_id
         job.node_id = event.placements[0].node_id
+        job.other_nodes = tuple(p.node_id for p in event.placements[1:])
         job.started = self.now
         if not job.waited:
             job.waited = True
@@ -377,6 +404,7 @@ class Replay:
             samples=self.samples,
             decisions=self.decisions,
             unmatched=self.unmatched,
+            plans=[] if self.plan_table is None else self.plan_table.describe(self.now),
         )
 
 

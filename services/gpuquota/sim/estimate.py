@@ -11,6 +11,9 @@ say when the job is dispatched.
 - *latest*: a job ends at its attempt timeout (``attemptDurationSeconds``), an upper bound; when a job
   the answer depends on has no timeout, there is no bound and ``latestStartAt`` is null.
 
+Training plans' windows (S11) open and close at known times: the run ticks at each of them, so a job
+that waits for a window starts when it opens (and the plan's jobs are stopped when it closes).
+
 Each answer says what it assumed. One forward run (a *sweep*) answers for every job waiting when it
 starts: it goes on until all of them have been dispatched, recording when each was. ``Estimator``
 keeps the sweeps of the last state version (``state.applied``), so the other jobs' estimates of that
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota.core import ClusterState, step
+from gpuquota.core.plans import closes_at
 from gpuquota.core.state import JobRecord, ShareKey
 from gpuquota.read.model import ReadModel
 from gpuquota.wire import events as ev
@@ -124,24 +128,64 @@ def sweep(
         schedule_end(
             job, now if job.stop is not None else None, "STOPPED" if job.stop is not None else "SUCCEEDED"
         )
+    for at in plan_ticks(state, now):  # S11: windows open and close at known times
+        serial += 1
+        heapq.heappush(heap, (at, serial, "", "", "", TICK))
+
+    def follow(events: Iterable[ev.SchedulerEvent], at: int) -> None:
+        for event in events:
+            if isinstance(event, ev.JobDispatched):
+                if event.job_id in waiting and event.job_id not in starts:
+                    starts[event.job_id] = at
+                    if on_start is not None:
+                        on_start(event.job_id, at)
+                schedule_end(state.jobs[event.job_id])
+            elif isinstance(event, ev.JobPreempted | ev.JobStopRequested):
+                schedule_end(state.jobs[event.job_id], at, "STOPPED")
+
     for steps in range(MAX_STEPS):
         if not heap or len(starts) == len(waiting):
             break
         if steps % 16 == 0 and time.perf_counter() > deadline:
             return Sweep(starts, unbounded, not_before=now)
         now, _, ended, attempt_id, node_id, status = heapq.heappop(heap)
+        if status == TICK:
+            follow(_tick(state, now, f"estimate-{steps}"), now)
+            continue
         fields = {"event_id": f"estimate-{steps}", "occurred_at": now, "node_id": node_id}
         fields |= {"job_id": ended, "attempt_id": attempt_id, "status": status}
-        for event in step(state, fast_construct(inp.AttemptReport, fields)):
-            if isinstance(event, ev.JobDispatched):
-                if event.job_id in waiting and event.job_id not in starts:
-                    starts[event.job_id] = now
-                    if on_start is not None:
-                        on_start(event.job_id, now)
-                schedule_end(state.jobs[event.job_id])
-            elif isinstance(event, ev.JobPreempted | ev.JobStopRequested):
-                schedule_end(state.jobs[event.job_id], now, "STOPPED")
+        follow(step(state, fast_construct(inp.AttemptReport, fields)), now)
     return Sweep(starts, unbounded)
+
+
+TICK = "TICK"
+MAX_PLAN_TICKS = 200
+"""At most this many future window openings and closings are ticked through (the nearest ones)."""
+
+
+def plan_ticks(state: ClusterState, now: int, limit: int | None = MAX_PLAN_TICKS) -> list[int]:
+    """The times after ``now`` at which training plans' windows open or close to work (S11), the
+    first ``limit`` of them (``None``: all)."""
+    times: set[int] = set()
+    for plan in state.plans.values():
+        for window in plan.windows:
+            closes = closes_at(plan, window.start, window.end)
+            if closes > window.start:
+                times.update(t for t in (window.start, closes) if t > now)
+    return sorted(times)[:limit]
+
+
+def _tick(state: ClusterState, at: int, event_id: str) -> list[ev.SchedulerEvent]:
+    """A ``Tick`` at ``at``, every online node heartbeating first: the run's nodes are not lost."""
+    for node_id in sorted(n.node_id for n in state.nodes.values() if n.online):
+        step(
+            state,
+            fast_construct(
+                inp.NodeHeartbeat,
+                {"event_id": f"{event_id}/{node_id}", "occurred_at": at, "node_id": node_id},
+            ),
+        )
+    return step(state, fast_construct(inp.Tick, {"event_id": event_id, "occurred_at": at}))
 
 
 def _dispatched(state: ClusterState) -> Iterable[JobRecord]:

@@ -101,6 +101,15 @@ def summary(result: Result) -> dict[str, Any]:
         "events": result.events,
         "wall_seconds": round(result.wall_seconds, 2),
         "shares": shares,
+        "training_plans": {
+            p["trainingPlanName"]: {
+                "count": p["count"],
+                "windows": len(p["windows"]),
+                "gpu_hours_used": p["usedGpuHours"],
+                "gpu_hours_idle": p["idleGpuHours"],
+            }
+            for p in result.plans
+        },
     }
 
 
@@ -126,6 +135,15 @@ LABELS = {
 }
 
 
+PLAN_LABELS = {
+    "count": "plan instances",
+    "windows": "plan windows",
+    "gpu_hours_used": "plan GPU-hours used",
+    "gpu_hours_idle": "plan GPU-hours idle",
+}
+"""A training plan's block (S11): its capacity in its windows, used by any share, or idle."""
+
+
 def table(results: list[Result]) -> str:
     """One block per share (and the pool), one column per configuration."""
     summaries = [summary(r) for r in results]
@@ -134,7 +152,8 @@ def table(results: list[Result]) -> str:
     for s in summaries:
         share_names += [n for n in s["shares"] if n not in share_names and n != POOL]
     share_names.append(POOL)
-    share_width = max(len("share"), *map(len, share_names))
+    plan_heads = [f"plan {name}" for s in summaries for name in s["training_plans"]]
+    share_width = max(len("share"), *map(len, share_names), *map(len, plan_heads))
     label_width = max(map(len, LABELS.values()))
     widths = [max(12, len(n)) for n in names]
     header = f"{'share':<{share_width}}  {'metric':<{label_width}}"
@@ -144,6 +163,16 @@ def table(results: list[Result]) -> str:
             head = share if key == "jobs_finished" else ""
             cells = "".join(
                 f"  {s['shares'].get(share, {}).get(key, '-'):>{w}}"
+                for s, w in zip(summaries, widths, strict=True)
+            )
+            lines.append(f"{head:<{share_width}}  {label:<{label_width}}{cells}")
+        lines.append("")
+    plan_names = sorted({name for s in summaries for name in s["training_plans"]})
+    for plan in plan_names:
+        for key, label in PLAN_LABELS.items():
+            head = f"plan {plan}" if key == "count" else ""
+            cells = "".join(
+                f"  {s['training_plans'].get(plan, {}).get(key, '-'):>{w}}"
                 for s, w in zip(summaries, widths, strict=True)
             )
             lines.append(f"{head:<{share_width}}  {label:<{label_width}}{cells}")

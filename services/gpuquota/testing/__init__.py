@@ -262,7 +262,7 @@ def _embedded(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStack]:
 def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStack]:
     from gpuquota.adapters.kafka import KafkaTopics
     from gpuquota.entrypoints.distributed import DistributedStack
-    from gpuquota.entrypoints.embedded import node_slots
+    from gpuquota.entrypoints.embedded import node_plans, node_slots
     from gpuquota.node_agent import make_runtime
 
     kafka, database_url = options.kafka, options.database_url
@@ -275,6 +275,7 @@ def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStac
     prefix, pool = f"t{run}.", f"p-{run}"
     # node ids unique to the run: a node agent commits its offsets to a group named after its node
     nodes = [(f"{node_id}-{run}", slots) for node_id, slots in node_slots(options.nodes)]
+    plans = {f"{node_id}-{run}": plan for node_id, plan in node_plans(options.nodes).items()}
 
     def make() -> DistributedStack:
         return DistributedStack(
@@ -282,6 +283,7 @@ def _distributed(options: StackOptions, data_dir: Path) -> Iterator[GpuquotaStac
             database_url,
             port=0,
             nodes=nodes,
+            node_plans=plans,
             runtime=make_runtime(options.runtime),
             data_dir=data_dir,
             topics=KafkaTopics(prefix),

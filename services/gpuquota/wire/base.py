@@ -202,6 +202,68 @@ class JobSpec(Frozen):
     """SHA-256 of the submit request without its ``clientToken`` (a reused token must match it)."""
 
 
+PLAN_GRACE_SECONDS = 120
+"""A training plan's default stop grace (S11): AWS's, so that its jobs checkpoint before the end."""
+MAX_PLAN_WINDOWS = 100
+
+
+class PlanWindow(Frozen):
+    """One window ``[start, end)`` of a training plan, in epoch ms."""
+
+    start: EpochMs
+    end: EpochMs
+
+
+class PlanAllocation(Frozen):
+    """Instances of a training plan given to one quota share: its limit rises by ``count`` in a window."""
+
+    job_queue: Name
+    quota_share: Name
+    count: Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+
+class TrainingPlanSpec(Frozen):
+    """A training plan (S11, a gpuquota extension): ``count`` instances of ``unit`` reserved for a
+    service environment in each of its windows, some of them allocated to quota shares."""
+
+    name: Name
+    service_environment: Name
+    unit: Annotated[str, Field(min_length=1, max_length=128)]
+    count: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    windows: Annotated[tuple[PlanWindow, ...], Field(min_length=1, max_length=MAX_PLAN_WINDOWS)]
+    allocations: Annotated[tuple[PlanAllocation, ...], Field(max_length=20)] = ()
+    grace_seconds: Annotated[int, Field(ge=0, le=86400)] = PLAN_GRACE_SECONDS
+    """How long before a window's end its jobs get SIGTERM, and their SIGTERM-to-SIGKILL grace."""
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingPlanSpec:
+        previous_end = -1
+        for index, window in enumerate(self.windows):
+            if window.end <= window.start:
+                raise PydanticCustomError(
+                    "plan_window", "windows[{index}] must end after it starts", {"index": index}
+                )
+            if window.start < previous_end:
+                raise PydanticCustomError(
+                    "plan_window",
+                    "windows[{index}] must start after the previous window ends (in order, no overlap)",
+                    {"index": index},
+                )
+            previous_end = window.end
+        shares = [(a.job_queue, a.quota_share) for a in self.allocations]
+        if len(set(shares)) != len(shares):
+            raise PydanticCustomError("plan_allocation", "allocations name a quota share more than once")
+        total = sum(a.count for a in self.allocations)
+        if total > self.count:
+            raise PydanticCustomError(
+                "plan_allocation",
+                "allocations give {total} instances, more than the plan's count {count}",
+                {"total": total, "count": self.count},
+            )
+        return self
+
+
 class SlotOffer(Frozen):
     """One instance of ``unit`` that a node offers, with the GPU indices it carries."""
 

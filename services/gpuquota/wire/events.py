@@ -23,6 +23,7 @@ from gpuquota.wire.base import (
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
     SlotOffer,
+    TrainingPlanSpec,
 )
 from gpuquota.wire.inputs import InstanceOutput
 
@@ -152,7 +153,8 @@ class PreemptionFigures(Frozen):
     victim_share_limit: int
 
 
-PreemptionKind = Literal["CROSS_SHARE", "IN_SHARE"]
+PreemptionKind = Literal["CROSS_SHARE", "IN_SHARE", "TRAINING_PLAN"]
+"""``TRAINING_PLAN``: a plan's window ends (S11); it has no preemptor job (``preemptor_job_id`` empty)."""
 
 
 class JobPreempted(Message):
@@ -174,6 +176,8 @@ class JobPreempted(Message):
     it started RUNNING without one (0 if it had not started)."""
     lost_gpus: int = 0
     """S12: the GPUs the victim's attempt held (one per instance whose slot lists none)."""
+    grace_seconds: float | None = None
+    """SIGTERM to SIGKILL for this stop; ``None``: the node agent's (a training plan's own, S11)."""
 
 
 class AttemptCheckpointed(Message):
@@ -295,6 +299,33 @@ class NodeRegistered(Message):
     """``RegisterNode.address``: how other nodes reach this one (empty: its node id)."""
     incarnation: str = ""
     """``RegisterNode.incarnation``: the registration that ``RunAttempt`` commands are addressed to."""
+    training_plan: str | None = None
+    """``RegisterNode.training_plan``: its slots are usable only while a window of the plan is open."""
+
+
+class TrainingPlanChanged(Message):
+    type: Literal["TrainingPlanChanged"] = "TrainingPlanChanged"
+    spec: TrainingPlanSpec
+    status: ResourceStatus = "VALID"
+
+
+class TrainingPlanWindowOpened(Message):
+    """A window of the plan opened (S11): its nodes' slots are usable and its allocations count."""
+
+    type: Literal["TrainingPlanWindowOpened"] = "TrainingPlanWindowOpened"
+    plan: str
+    start: int
+    end: int
+
+
+class TrainingPlanWindowClosed(Message):
+    """The plan's open window closed to new work, ``grace_seconds`` before its end (S11): its nodes'
+    slots are no longer offered and its jobs are stopped in the same decision."""
+
+    type: Literal["TrainingPlanWindowClosed"] = "TrainingPlanWindowClosed"
+    plan: str
+    start: int
+    end: int
 
 
 class NodeHeartbeatRecorded(Message):
@@ -370,7 +401,10 @@ SchedulerEvent = Annotated[
     | NodeUndrained
     | NodeLost
     | NodeLossSuspended
-    | NodeLossResumed,
+    | NodeLossResumed
+    | TrainingPlanChanged
+    | TrainingPlanWindowOpened
+    | TrainingPlanWindowClosed,
     Field(discriminator="type"),
 ]
 

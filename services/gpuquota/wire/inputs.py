@@ -24,6 +24,7 @@ from gpuquota.wire.base import (
     SchedulingPolicySpec,
     ServiceEnvironmentSpec,
     SlotOffer,
+    TrainingPlanSpec,
 )
 
 
@@ -95,6 +96,18 @@ class DeleteQuotaShare(Input):
     name: Name
 
 
+class PutTrainingPlan(Input):
+    """Create a training plan, or replace the one of that name (S11; ``gpuquota apply``)."""
+
+    type: Literal["PutTrainingPlan"] = "PutTrainingPlan"
+    spec: TrainingPlanSpec
+
+
+class DeleteTrainingPlan(Input):
+    type: Literal["DeleteTrainingPlan"] = "DeleteTrainingPlan"
+    name: Name
+
+
 class SubmitJob(Input):
     type: Literal["SubmitJob"] = "SubmitJob"
     job: JobSpec
@@ -154,6 +167,8 @@ class RegisterNode(Input):
     addressed to an earlier one: this registration's reconciliation already requeued them (an agent
     restarted, its command feed resumed at its last committed offset, must not run them too).
     Empty: an agent from before incarnations."""
+    training_plan: Name | None = None
+    """The training plan the node belongs to (S11): its slots are usable only in the plan's windows."""
 
 
 class NodeHeartbeat(Input):
@@ -224,6 +239,8 @@ SchedulerInput = Annotated[
     | CreateQuotaShare
     | UpdateQuotaShare
     | DeleteQuotaShare
+    | PutTrainingPlan
+    | DeleteTrainingPlan
     | SubmitJob
     | UpdateJobPriority
     | TerminateJob

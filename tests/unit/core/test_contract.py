@@ -14,6 +14,7 @@ from gpuquota.wire.inputs import INPUT_ADAPTER, SchedulerInput
 from tests.builders import Harness
 from tests.unit.core.test_checkpoints import played_with_checkpoints
 from tests.unit.core.test_gangs import played_with_outputs
+from tests.unit.core.test_plans import played_with_plans
 from tests.unit.core.test_scenarios import CASES
 
 
@@ -41,7 +42,7 @@ def played() -> list[Harness]:
             for action in round_.actions:
                 action(h)
         harnesses.append(h)
-    return [*harnesses, played_with_outputs(), played_with_checkpoints()]
+    return [*harnesses, played_with_outputs(), played_with_checkpoints(), played_with_plans()]
 
 
 def test_scenarios_produce_every_event_type(played: list[Harness]) -> None:

@@ -106,10 +106,17 @@ class Console:
                     "units": units,
                     "queued": queued,
                     "maximum": maximum,
+                    "planned": rm.plans.allocated(row["jobQueue"], row["quotaShareName"]),
                 }
             )
         return _json(
-            {"readOnly": self.read_only, "pollMs": POLL_MS, "shares": shares, "pools": self._pools()}
+            {
+                "readOnly": self.read_only,
+                "pollMs": POLL_MS,
+                "shares": shares,
+                "pools": self._pools(),
+                "plans": rm.plans.describe(self.gateway.clock()),
+            }
         )
 
     def _pools(self) -> list[dict[str, Any]]:
@@ -171,10 +178,21 @@ class Console:
                 "summary": self._summary(job),
                 "createdAt": job.created_at,
                 "attempts": attempts,
+                "planWindows": self._plan_windows(job),
                 "now": self.gateway.clock(),
                 "readOnly": self.read_only,
             }
         )
+
+    def _plan_windows(self, job: JobView) -> list[dict[str, Any]]:
+        """Training plans' windows for the job's unit in its environment, from its creation to a day
+        ahead (S11: the timeline shades those it covers; a waiting job's next window is among them)."""
+        rm = self.gateway.rm
+        queue = rm.queues.get(job.job_queue)
+        if queue is None:
+            return []
+        end = max(self.gateway.clock(), job.created_at) + PLAN_LOOKAHEAD_MS
+        return rm.plans.windows_of(queue.spec.service_environment, job.unit, job.created_at, end)
 
     async def _nodes(self, _: web.Request) -> web.Response:
         state = self.state()
@@ -254,6 +272,9 @@ def _file(path: Path) -> web.Response:
         body=path.read_bytes(),
         headers={"Content-Type": CONTENT_TYPES[path.suffix] + "; charset=utf-8", "Cache-Control": "no-cache"},
     )
+
+
+PLAN_LOOKAHEAD_MS = 86_400_000
 
 
 def _json(data: dict[str, Any]) -> web.Response:

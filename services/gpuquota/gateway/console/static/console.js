@@ -57,12 +57,14 @@ function preemption(row) {
   return parts.join(", ") || "-";
 }
 
+// S11: what an open training plan window adds to the share's limit is drawn after the limit.
 function bar(row, unit, scale) {
   const pct = (n) => (100 * n) / scale;
   const limit = row.limits[unit] || 0, used = row.usage[unit] || 0, borrowed = row.borrowed[unit] || 0;
-  const lent = row.lent[unit] || 0, queued = row.queued[unit] || 0;
+  const lent = row.lent[unit] || 0, queued = row.queued[unit] || 0, planned = (row.planned || {})[unit] || 0;
   const inQuota = used - borrowed;
-  return `<div class="bar" title="used ${used}, limit ${limit}, borrowed ${borrowed}, lent ${lent}, queued ${queued}">
+  return `<div class="bar" title="used ${used}, limit ${limit}, plan +${planned}, borrowed ${borrowed}, lent ${lent}, queued ${queued}">
+    <span class="plan" data-left="${pct(limit)}" data-width="${pct(planned)}"></span>
     <span class="used" data-left="0" data-width="${pct(inQuota)}"></span>
     <span class="borrowed" data-left="${pct(inQuota)}" data-width="${pct(borrowed)}"></span>
     <span class="lent" data-left="${pct(inQuota)}" data-width="${pct(lent)}"></span>
@@ -79,11 +81,12 @@ async function overview(view) {
   }
   let html = `<div class="legend"><span><i class="used"></i>used in quota</span>
     <span><i class="borrowed"></i>borrowed</span><span><i class="lent"></i>lent</span>
-    <span><i class="queued"></i>queued</span><span><i class="limit"></i>limit</span></div>`;
+    <span><i class="queued"></i>queued</span><span><i class="limit"></i>limit</span>
+    <span><i class="plan"></i>training plan</span></div>`;
   if (!data.shares.length) html += "<p>No quota shares yet.</p>";
   for (const [key, rows] of Object.entries(groups)) {
     const [queue, unit] = key.split("|");
-    const scale = Math.max(1, ...rows.map((r) => Math.max(r.limits[unit] || 0, (r.usage[unit] || 0) + (r.queued[unit] || 0))));
+    const scale = Math.max(1, ...rows.map((r) => Math.max((r.limits[unit] || 0) + ((r.planned || {})[unit] || 0), (r.usage[unit] || 0) + (r.queued[unit] || 0))));
     html += `<h2>Queue ${esc(queue)} &middot; ${esc(unit)}</h2><table class="shares"><tr><th>Share</th><th>Strategy</th>
       <th>Limit</th><th>Maximum</th><th>Used</th><th>Borrowed</th><th>Lent</th><th>Queued</th><th></th><th>Preemption</th></tr>`;
     for (const r of rows) {
@@ -95,6 +98,18 @@ async function overview(view) {
         <td class="num used">${r.usage[unit] || 0}</td><td class="num borrowed">${r.borrowed[unit] || 0}</td>
         <td class="num lent">${r.lent[unit] || 0}</td><td class="num queued">${r.queued[unit] || 0}</td>
         <td>${bar(r, unit, scale)}</td><td class="preemption">${esc(preemption(r))}</td></tr>`;
+    }
+    html += "</table>";
+  }
+  if ((data.plans || []).length) {
+    html += `<h2>Training plans</h2><table class="plans"><tr><th>Plan</th><th>Unit</th><th>Count</th><th>Window</th>
+      <th>Allocations</th><th>Used GPU-h</th><th>Idle GPU-h</th></tr>`;
+    for (const p of data.plans) {
+      const open = p.openWindow ? `open until ${time(p.openWindow.end)}` : "closed";
+      const allocations = p.allocations.map((a) => `${esc(a.quotaShare)}=${a.count}`).join(", ") || "-";
+      html += `<tr data-plan="${esc(p.trainingPlanName)}"><td>${esc(p.trainingPlanName)}</td><td>${esc(p.capacityUnit)}</td>
+        <td class="num">${p.count}</td><td class="window">${open}</td><td>${allocations}</td>
+        <td class="num used">${p.usedGpuHours}</td><td class="num idle">${p.idleGpuHours}</td></tr>`;
     }
     html += "</table>";
   }
@@ -149,6 +164,11 @@ function timeline(job) {
   const rows = job.attempts.length + 1;
   let svg = `<svg class="timeline" width="${width}" height="${rowH * rows + 24}">`;
   const history = job.history.concat([{ at: end, status: null }]);
+  // S11: training plans' windows for the job's unit, shaded behind the rows.
+  for (const w of (job.planWindows || []).filter((w) => w.start < end && w.end > start)) {
+    const from = x(Math.max(w.start, start)), to = x(Math.min(w.end, end));
+    svg += `<rect class="plan-window" x="${from}" y="0" width="${Math.max(1, to - from)}" height="${rowH * rows + 4}" fill="#d69e2e" fill-opacity="0.15"><title>training plan ${esc(w.trainingPlanName)}: ${w.count} instances, ${time(w.start)} - ${time(w.end)}</title></rect>`;
+  }
   svg += `<text x="0" y="15">status</text>`;
   const colours = { RUNNING: "#2f855a", RUNNABLE: "#ecc94b", SCHEDULED: "#90cdf4", STARTING: "#63b3ed", SUCCEEDED: "#2b6cb0", FAILED: "#c53030", SUBMITTED: "#cbd5e0" };
   for (let i = 0; i + 1 < history.length; i++) {
