@@ -522,14 +522,19 @@ class SchedulerMachine(RuleBasedStateMachine):
                 evolve(fresh, event)
 
 
-SchedulerMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=40,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+def machine_settings(max_examples: int) -> settings:
+    """The state machines' settings: reproducible runs of 40 steps, as many as ``max_examples``."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=40,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+SchedulerMachine.TestCase.settings = machine_settings(200)
 TestSchedulerInvariants = SchedulerMachine.TestCase
 
 
@@ -612,12 +617,5 @@ class PlanMachine(SchedulerMachine):
         super().teardown()
 
 
-PlanMachine.TestCase.settings = settings(
-    max_examples=100,
-    stateful_step_count=40,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+PlanMachine.TestCase.settings = machine_settings(100)
 TestSchedulerInvariantsWithPlans = PlanMachine.TestCase

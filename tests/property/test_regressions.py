@@ -12,6 +12,11 @@ invariant in that order and the teardown (replay and liveness checks).
   was passed by a higher-priority submission after its share's limit had fallen below its demand; the
   pass looked only at the jobs that entered, so it was not recorded as blocked behind the new head
   until a full pass ("a full pass still decides [JobBlocked ...]", S9.1).
+- ``terminate_frees_a_victim_search``: terminating a running job of a borrowing share took it out
+  of the victim lists without a pass; S4.1's search over the remaining victims would now have found
+  one for a waiting head of another share ("a full pass still decides [JobPreempted ...]", S3.3).
+- ``in_share_stop_frees_a_victim_search``: the same within one pass: an in-share preemption (phase 4)
+  stopped a job after the reclaim phase had given up, and only the next pass reclaimed.
 """
 
 from __future__ import annotations

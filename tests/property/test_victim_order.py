@@ -4,7 +4,6 @@ sorted by the work each would lose, ties in AWS's order."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
@@ -13,7 +12,7 @@ from gpuquota.core.preemption import cross_share_candidates, in_share_candidates
 from gpuquota.core.quota import Ledger
 from gpuquota.wire import events as ev
 from tests.builders import Harness, ShareBuilder
-from tests.property.test_invariants import CheckedHarness, SchedulerMachine
+from tests.property.test_invariants import CheckedHarness, SchedulerMachine, machine_settings
 
 
 class OrderedHarness(CheckedHarness):
@@ -59,12 +58,5 @@ class VictimOrderMachine(SchedulerMachine):
         self.h.report(record.job_id, "RUNNING", checkpoint_at=self.h.now - ago)
 
 
-VictimOrderMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+VictimOrderMachine.TestCase.settings = machine_settings(150)
 TestInvariantsWithLeastLostWork = VictimOrderMachine.TestCase

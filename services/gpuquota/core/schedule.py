@@ -17,7 +17,9 @@ state under trial) at once, so later phases see earlier decisions.
    oldest first, take idle capacity within their share maximum.
 3. Reclaim phase (S4.1). Blocked in-quota heads, oldest first, reclaim capacity from borrowing shares.
 4. In-share phase (S4.2). Heads that still wait, in shares with in-share preemption, preempt strictly
-   lower-priority jobs of their own share.
+   lower-priority jobs of their own share. A job stopped here leaves the victim lists, which can let a
+   phase-3 search succeed that failed (S4.1 skips victims whose share stops borrowing): phase 3 runs
+   again for the heads still waiting, then phase 4, until phase 4 stops nothing.
 5. Blocked heads (S9.1). Every share's head that can never run as things are is recorded with its
    reason (``gpuquota.core.blocked``), and a head that no longer is, cleared.
 
@@ -119,9 +121,11 @@ class EnvironmentPass:
                 break
         # 3. Reclaim phase for in-quota heads that did not fit.
         waiting = [job for job in blocked_in_quota if not self.reclaim(job)]
-        # 4. In-share phase for every head that still waits.
-        for job in sorted(waiting + blocked_borrowing + self.over_quota_heads(), key=head_order):
-            self.preempt_in_share(job)
+        # 4. In-share phase for every head that still waits. A job it stops leaves the victim lists,
+        # and S4.1's search walks what remains (found by the S3.3 fixpoint property test): reclaim
+        # again for the heads still waiting, so the pass ends at a fixpoint.
+        while self.in_share_phase(waiting + blocked_borrowing):
+            waiting = [job for job in waiting if not self.reclaim(job)]
         # 5. Record which heads can never run as things are (S9.1).
         record_blocked(self.ctx, self.environment, self.shares)
 
@@ -271,17 +275,29 @@ class EnvironmentPass:
         self.preempt(job, victims, "CROSS_SHARE")
         return True
 
-    def preempt_in_share(self, job: JobRecord) -> None:
+    def in_share_phase(self, waiting: list[JobRecord]) -> bool:
+        """Phase 4 over ``waiting`` and the heads above their own limit; whether it stopped a job."""
+        preempted = False
+        for job in sorted(waiting + self.over_quota_heads(), key=head_order):
+            preempted = self.preempt_in_share(job) or preempted
+        return preempted
+
+    def preempt_in_share(self, job: JobRecord) -> bool:
         share = self.state.shares[job.share]
         if not share.spec.in_share_preemption or job.job_id in self.state.holds:
-            return
+            return False
         if self.state.head(share) is not job:
-            return
+            return False
         candidates, eligible = in_share_candidates(self.ledger, job)
         candidates = victim_order(self.state, job, candidates, self.ctx.now)
         victims = find_victims(self.ledger, job, candidates, self.unprotected(eligible))
-        if victims is not None:
-            self.preempt(job, victims, "IN_SHARE")
+        if not victims:
+            # None, or empty: the simulation says the head fits as things are, yet the earlier
+            # phases did not dispatch it. Stopping nothing is no progress, and the phase loop in
+            # ``run`` ends only when a round makes none.
+            return False
+        self.preempt(job, victims, "IN_SHARE")
+        return True
 
     def unprotected(self, eligible: Eligible) -> Eligible:
         """S10.1: victims still within their share's minimum runtime are not eligible."""
