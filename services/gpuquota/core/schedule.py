@@ -121,9 +121,8 @@ class EnvironmentPass:
                 break
         # 3. Reclaim phase for in-quota heads that did not fit.
         waiting = [job for job in blocked_in_quota if not self.reclaim(job)]
-        # 4. In-share phase for every head that still waits. A job it stops leaves the victim lists,
-        # and S4.1's search walks what remains (found by the S3.3 fixpoint property test): reclaim
-        # again for the heads still waiting, so the pass ends at a fixpoint.
+        # 4. In-share phase for every head that still waits, then phase 3 again, until phase 4 stops
+        # nothing (why: step 4 of the module docstring; found by the S3.3 fixpoint property test).
         while self.in_share_phase(waiting + blocked_borrowing):
             waiting = [job for job in waiting if not self.reclaim(job)]
         # 5. Record which heads can never run as things are (S9.1).
